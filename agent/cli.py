@@ -1,0 +1,168 @@
+"""The one CLI, `trainguard`. Commands import their part lazily, so a GPU node with only
+the `agent` extra never imports the server's dependencies.
+
+User mistakes print one line and exit non-zero, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+app = typer.Typer(
+    name="trainguard",
+    help="Keeps large distributed PyTorch training jobs running.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"trainguard: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings(**overrides: object):  # type: ignore[no-untyped-def]
+    from pydantic import ValidationError
+
+    from backend.settings import Settings
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        fail(
+            f"bad setting{' ' + where if where else ''}: {err['msg'].removeprefix('Value error, ')}"
+        )
+
+
+@app.command()
+def server(
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    database_url: Annotated[
+        str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL", help="SQLAlchemy URL")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+    log_level: Annotated[str, typer.Option()] = "info",
+) -> None:
+    """Run the backend (API, ingest, live stream, dashboard at /)."""
+    import uvicorn
+
+    from backend.app import create_app
+
+    settings = _settings(database_url=database_url, data_dir=data_dir)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+
+@app.command()
+def agent(
+    server: Annotated[str, typer.Option(envvar="TRAINGUARD_AGENT_SERVER", help="backend URL")],
+    token: Annotated[str, typer.Option(envvar="TRAINGUARD_AGENT_TOKEN", help="agent token")],
+    node: Annotated[str | None, typer.Option(help="node name (default: hostname)")] = None,
+    simulate: Annotated[
+        int | None, typer.Option(min=1, max=64, help="N simulated GPUs instead of NVML")
+    ] = None,
+    interval: Annotated[float | None, typer.Option(help="sampling period in seconds")] = None,
+) -> None:
+    """Run the node agent: GPU health, XIDs, rank heartbeats and steps -> backend."""
+    from pydantic import ValidationError
+
+    from agent.config import AgentConfig
+    from agent.daemon import main as agent_main
+
+    fields = {
+        "server": server,
+        "token": token,
+        "node": node,
+        "simulate": simulate,
+        "interval": interval,
+    }
+    try:
+        cfg = AgentConfig(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        fail(f"bad agent setting {'.'.join(str(p) for p in err['loc'])}: {err['msg']}")
+    raise typer.Exit(agent_main(cfg))
+
+
+@app.command()
+def demo(
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    data_dir: Annotated[Path, typer.Option(help="demo state (wiped at start)")] = Path("data/demo"),
+    nodes: Annotated[int, typer.Option(min=1, max=64, help="simulated nodes")] = 2,
+    gpus: Annotated[int, typer.Option(min=1, max=16, help="simulated GPUs per node")] = 2,
+    job: Annotated[bool, typer.Option(help="run the demo training job with seeded faults")] = True,
+) -> None:
+    """Backend (SQLite) + simulated agents + a small training job; dashboard on localhost."""
+    from backend.demo import run_demo
+
+    raise typer.Exit(
+        run_demo(host=host, port=port, data_dir=data_dir, nodes=nodes, gpus=gpus, with_job=job)
+    )
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Argument()] = "head",
+    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+) -> None:
+    """Apply the migrations up to REVISION (default: head)."""
+    from backend import db
+
+    settings = _settings(database_url=database_url, data_dir=data_dir, demo=True)
+    _run_migration(lambda: db.upgrade(settings.url, revision), settings.url)
+    typer.echo(f"database at {revision}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="target revision, e.g. -1 or base")],
+    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+) -> None:
+    """Revert the migrations down to REVISION."""
+    from backend import db
+
+    settings = _settings(database_url=database_url, data_dir=data_dir, demo=True)
+    _run_migration(lambda: db.downgrade(settings.url, revision), settings.url)
+    typer.echo(f"database at {revision}")
+
+
+def _run_migration(fn, url: str) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        fn()
+    except OperationalError as exc:
+        fail(
+            f"cannot reach the database at {_redact(url)}: {str(exc.orig).strip().splitlines()[0]}"
+        )
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable url>"
+
+
+def main() -> None:  # pragma: no cover - console entry
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,137 @@
+"""The FastAPI application: wiring of settings, database, ingest writer, live bus, routers
+and the static UI."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy import text
+from sqlalchemy.orm import sessionmaker
+
+from backend import db, errors, metrics
+from backend.cluster import service as cluster_service
+from backend.cluster.router import router as cluster_router
+from backend.commands.notifier import Notifier
+from backend.commands.router import router as commands_router
+from backend.ingest.router import router as ingest_router
+from backend.ingest.writer import IngestWriter, Stored
+from backend.jobs.router import router as jobs_router
+from backend.live.bus import LiveBus
+from backend.live.router import router as live_router
+from backend.settings import Settings
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+NODES_TICK_S = 2.0
+
+
+def _publish_stored(bus: LiveBus, stored: Stored) -> None:
+    for ev in stored.events:
+        bus.publish("events", "event", {k: v for k, v in ev.items() if k != "node_id"})
+    for batch, _ in stored.batches:
+        topic = f"node:{batch.node}"
+        if batch.samples and bus.wants(topic):
+            bus.publish(topic, "samples", {"node": batch.node, "samples": batch.samples})
+
+
+def create_app(settings: Settings) -> FastAPI:
+    engine = db.make_engine(settings.url)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    bus = LiveBus()
+    writer = IngestWriter(
+        engine,
+        max_delay_s=settings.writer_max_delay_s,
+        on_stored=lambda stored: _publish_stored(bus, stored),
+    )
+    notifier = Notifier()
+
+    async def nodes_snapshot() -> list[dict[str, Any]]:
+        def read() -> list[dict[str, Any]]:
+            with sessions() as s:
+                return cluster_service.list_nodes(s, settings.node_down_after_s)
+
+        return await asyncio.to_thread(read)
+
+    async def nodes_ticker() -> None:
+        while True:
+            await asyncio.sleep(NODES_TICK_S)
+            if bus.wants("nodes"):
+                try:
+                    bus.publish("nodes", "nodes", await nodes_snapshot())
+                except Exception as exc:  # the database may be down: try next tick
+                    log.warning("nodes tick failed: %s", exc)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.is_sqlite:
+            # The laptop/demo path: the database is created and migrated on first run.
+            await asyncio.to_thread(db.upgrade, settings.url)
+        loop = asyncio.get_running_loop()
+        bus.loop = loop
+        notifier.bind(loop)
+        writer.start()
+        ticker = asyncio.create_task(nodes_ticker())
+        try:
+            yield
+        finally:
+            ticker.cancel()
+            await asyncio.to_thread(writer.stop)  # drain in-flight ingest
+            engine.dispose()
+
+    app = FastAPI(
+        title="trainguard",
+        version="0.1.0",
+        summary="Control plane for large distributed PyTorch training jobs",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = sessions
+    app.state.writer = writer
+    app.state.bus = bus
+    app.state.commands_notifier = notifier
+    app.state.nodes_snapshot = nodes_snapshot
+    errors.install(app)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        msgs = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:10]]
+        return JSONResponse({"detail": "; ".join(msgs), "errors": exc.errors()[:10]}, 422)
+
+    api = APIRouter(prefix=API_PREFIX)
+    api.include_router(ingest_router)
+    api.include_router(cluster_router)
+    api.include_router(jobs_router)
+    api.include_router(commands_router)
+    api.include_router(live_router)
+    app.include_router(api)
+
+    @app.get("/healthz", tags=["ops"], summary="Liveness")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"], summary="Readiness: the database answers")
+    def readyz() -> JSONResponse:
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:
+            return JSONResponse({"status": "unavailable", "detail": str(exc)[:200]}, 503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
+    def prometheus() -> Response:
+        return Response(metrics.render(app), media_type="text/plain; version=0.0.4")
+
+    if settings.frontend_dir.is_dir():
+        app.mount("/", StaticFiles(directory=settings.frontend_dir, html=True), name="ui")
+    return app

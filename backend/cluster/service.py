@@ -1,0 +1,179 @@
+"""Reads of the cluster: node health, GPUs, downsampled sample series, events."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import Float, Integer, and_, cast, func, select
+from sqlalchemy.orm import Session
+
+from backend.errors import NotFound
+from backend.models import SAMPLE_READINGS, Event, Gpu, Node, Sample
+
+XID_DEGRADES_FOR_S = 600.0
+_FLAGS = {"remap_pending", "remap_failure"}
+_COUNTERS = {
+    "clock_event_reasons",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "remapped_correctable",
+    "remapped_uncorrectable",
+    "pcie_replay",
+    "energy_mj",
+}
+
+
+def node_status(node: Node, now: float, down_after_s: float) -> str:
+    if node.cordoned:
+        return "cordoned"
+    age = now - node.last_seen
+    if age > down_after_s:
+        return "down"
+    if age > down_after_s / 3:
+        return "degraded"
+    if node.last_xid_at is not None and now - node.last_xid_at < XID_DEGRADES_FOR_S:
+        return "degraded"
+    return "healthy"
+
+
+def node_dict(node: Node, gpu_count: int, now: float, down_after_s: float) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "status": node_status(node, now, down_after_s),
+        "simulated": node.simulated,
+        "cordoned": node.cordoned,
+        "first_seen": node.first_seen,
+        "last_seen": node.last_seen,
+        "gpu_count": gpu_count,
+        "clock_offset_s": node.clock_offset_s,
+        "util_avg": node.util_avg,
+        "temp_max": node.temp_max,
+        "last_xid_at": node.last_xid_at,
+    }
+
+
+def list_nodes(session: Session, down_after_s: float) -> list[dict[str, Any]]:
+    counts = dict(session.execute(select(Gpu.node_id, func.count()).group_by(Gpu.node_id)).all())
+    now = time.time()
+    nodes = session.scalars(select(Node).order_by(Node.name)).all()
+    return [node_dict(n, counts.get(n.id, 0), now, down_after_s) for n in nodes]
+
+
+def get_node(session: Session, name: str) -> Node:
+    node = session.scalar(select(Node).where(Node.name == name))
+    if node is None:
+        raise NotFound(f"no node named {name!r}")
+    return node
+
+
+def node_gpus(session: Session, node: Node) -> list[dict[str, Any]]:
+    gpus = session.scalars(select(Gpu).where(Gpu.node_id == node.id).order_by(Gpu.index)).all()
+    out = []
+    for g in gpus:
+        latest = session.scalar(
+            select(Sample).where(Sample.gpu_id == g.id).order_by(Sample.ts.desc()).limit(1)
+        )
+        out.append(
+            {
+                "uuid": g.uuid,
+                "index": g.index,
+                "name": g.name,
+                "pci_bus_id": g.pci_bus_id,
+                "simulated": g.simulated,
+                "memory_total_mib": g.memory_total_mib,
+                "power_limit_w": g.power_limit_w,
+                "latest": None
+                if latest is None
+                else {"ts": latest.ts, **{f: getattr(latest, f) for f in SAMPLE_READINGS}},
+            }
+        )
+    return out
+
+
+def gpu_series(
+    session: Session, uuid: str, since: float, until: float, points: int
+) -> dict[str, Any]:
+    gpu = session.scalar(select(Gpu).where(Gpu.uuid == uuid))
+    if gpu is None:
+        raise NotFound(f"no GPU with uuid {uuid!r}")
+    width = max((until - since) / points, 1e-6)
+    bucket = cast(func.floor((Sample.ts - since) / width), Integer).label("b")
+    cols = [bucket, func.avg(Sample.ts)]
+    for f in SAMPLE_READINGS:
+        col = getattr(Sample, f)
+        if f in _FLAGS:
+            cols.append(func.max(cast(col, Integer)))
+        elif f in _COUNTERS:
+            cols.append(func.max(col))
+        else:
+            cols.append(func.avg(cast(col, Float)))
+    rows = session.execute(
+        select(*cols)
+        .where(and_(Sample.gpu_id == gpu.id, Sample.ts >= since, Sample.ts <= until))
+        .group_by(bucket)
+        .order_by(bucket)
+    ).all()
+    names = ["ts", *SAMPLE_READINGS]
+    columns: dict[str, list[Any]] = {n: [] for n in names}
+    prev: int | None = None
+    for row in rows:
+        b = row[0]
+        if prev is not None and b - prev > 1:
+            # A gap in the data: one row of nulls so the chart breaks the line.
+            columns["ts"].append(since + (prev + 1) * width)
+            for n in SAMPLE_READINGS:
+                columns[n].append(None)
+        prev = b
+        for n, v in zip(names, row[1:], strict=True):
+            if n in _FLAGS and v is not None:
+                v = bool(v)
+            columns[n].append(v)
+    return {
+        "uuid": uuid,
+        "simulated": gpu.simulated,
+        "since": since,
+        "until": until,
+        "points": points,
+        "columns": columns,
+    }
+
+
+def event_dict(e: Event, node_name: str | None) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "ts": e.ts,
+        "received_at": e.received_at,
+        "node": node_name,
+        "kind": e.kind,
+        "gpu_uuid": e.gpu_uuid,
+        "job": e.job,
+        "rank": e.rank,
+        "xid": e.xid,
+        "message": e.message,
+        "data": e.data,
+    }
+
+
+def list_events(
+    session: Session,
+    node: str | None,
+    kind: str | None,
+    job: str | None,
+    since: float | None,
+    until: float | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    stmt = select(Event, Node.name).outerjoin(Node, Node.id == Event.node_id)
+    if node is not None:
+        stmt = stmt.where(Node.name == node)
+    if kind is not None:
+        stmt = stmt.where(Event.kind == kind)
+    if job is not None:
+        stmt = stmt.where(Event.job == job)
+    if since is not None:
+        stmt = stmt.where(Event.ts >= since)
+    if until is not None:
+        stmt = stmt.where(Event.ts <= until)
+    stmt = stmt.order_by(Event.ts.desc(), Event.id.desc()).limit(limit)
+    return [event_dict(e, name) for e, name in session.execute(stmt).all()]

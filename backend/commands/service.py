@@ -1,0 +1,219 @@
+"""Durable commands and incidents: creation, delivery to agents, phase acks, timelines."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from agent import wire
+from backend.errors import Conflict, NotFound
+from backend.jobs.service import live_ranks
+from backend.models import TIMELINE, AuditLog, Command, CommandAck, Incident, Job, Node
+
+# Which incident field each ack phase fills: the first delivery, the last of the others
+# (a phase is complete when every node has done it).
+_PHASE_FIELD = {
+    "delivered": "delivered_at",
+    "torn_down": "torn_down_at",
+    "restarted": "restarted_at",
+    "resumed": "resumed_at",
+}
+
+
+def manual_restart(
+    session: Session, job: Job, level: str, reason: str, actor: str, fresh_within_s: float
+) -> Incident:
+    ranks = live_ranks(session, job, fresh_within_s)
+    if not ranks:
+        raise Conflict(f"job {job.name!r} has no live ranks to restart")
+    now = time.time()
+    incident = Incident(
+        job_id=job.id,
+        created_at=now,
+        trigger="manual",
+        triggered_by=actor,
+        cause="operator",
+        level=level,
+        reason=reason,
+        status="open",
+        outcome="",
+        fault_step=job.last_step,
+        fault_at=now,
+        detected_at=now,
+        decided_at=now,
+    )
+    session.add(incident)
+    session.flush()
+    for node_id in sorted({r.node_id for r, _ in ranks}):
+        session.add(
+            Command(
+                id=uuid.uuid4().hex,
+                incident_id=incident.id,
+                job_id=job.id,
+                node_id=node_id,
+                action=level,
+                reason=reason,
+                params={"ranks": sorted(r.rank for r, _ in ranks if r.node_id == node_id)},
+                issued_at=now,
+            )
+        )
+    session.add(
+        AuditLog(
+            ts=now, actor=actor, action=f"restart:{level}", target=f"job:{job.name}", reason=reason
+        )
+    )
+    session.flush()
+    return incident
+
+
+def pending_for_node(session: Session, node: str) -> list[wire.Command]:
+    rows = session.execute(
+        select(Command, Job.name)
+        .join(Node, Node.id == Command.node_id)
+        .join(Job, Job.id == Command.job_id)
+        .where(Node.name == node, Command.delivered_at.is_(None))
+        .order_by(Command.issued_at)
+    ).all()
+    return [
+        wire.Command(
+            id=c.id,
+            job=job_name,
+            action=c.action,  # type: ignore[arg-type]
+            node=node,
+            issued_at=c.issued_at,
+            incident_id=c.incident_id,
+            reason=c.reason[:256],
+            params=c.params,
+        )
+        for c, job_name in rows
+    ]
+
+
+def record_ack(session: Session, command_id: str, ack: wire.Ack) -> bool:
+    """Store one phase ack; returns False if this phase was already acked (replay)."""
+    cmd = session.get(Command, command_id)
+    if cmd is None:
+        raise NotFound(f"no command {command_id!r}")
+    node = session.get(Node, cmd.node_id)
+    if node is None or node.name != ack.node:
+        raise Conflict(f"command {command_id!r} is not addressed to node {ack.node!r}")
+    if session.get(CommandAck, (command_id, ack.phase)) is not None:
+        return False
+    now = time.time()
+    session.add(
+        CommandAck(
+            command_id=command_id, phase=ack.phase, ts=ack.ts, received_at=now, detail=ack.detail
+        )
+    )
+    if ack.phase == "delivered" and cmd.delivered_at is None:
+        cmd.delivered_at = ack.ts
+    if cmd.incident_id is not None:
+        _advance_incident(session, cmd.incident_id, ack)
+    session.flush()
+    return True
+
+
+def _advance_incident(session: Session, incident_id: int, ack: wire.Ack) -> None:
+    inc = session.get(Incident, incident_id)
+    if inc is None:
+        return
+    if ack.phase == "failed":
+        inc.status = "failed"
+        inc.outcome = f"failed on {ack.node}: {ack.detail}"
+        return
+    field = _PHASE_FIELD[ack.phase]
+    current = getattr(inc, field)
+    if (
+        current is None
+        or (ack.phase == "delivered" and ack.ts < current)
+        or (ack.phase != "delivered" and ack.ts > current)
+    ):
+        setattr(inc, field, ack.ts)
+    if ack.phase == "resumed":
+        # Resolved once every node addressed by the incident has resumed.
+        session.flush()
+        ids = session.scalars(select(Command.id).where(Command.incident_id == incident_id)).all()
+        resumed = session.scalars(
+            select(CommandAck.command_id).where(
+                CommandAck.command_id.in_(ids), CommandAck.phase == "resumed"
+            )
+        ).all()
+        if len(set(resumed)) == len(ids) and inc.status == "open":
+            inc.status = "resolved"
+            inc.outcome = "resumed"
+
+
+def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
+    job = session.get(Job, inc.job_id)
+    cmds = session.execute(
+        select(Command, Node.name)
+        .join(Node, Node.id == Command.node_id)
+        .where(Command.incident_id == inc.id)
+        .order_by(Command.issued_at)
+    ).all()
+    acks = session.scalars(
+        select(CommandAck)
+        .where(CommandAck.command_id.in_([c.id for c, _ in cmds]))
+        .order_by(CommandAck.ts)
+    ).all()
+    timeline = {f: getattr(inc, f) for f in TIMELINE}
+    recovery = (
+        inc.resumed_at - inc.fault_at
+        if inc.resumed_at is not None and inc.fault_at is not None
+        else None
+    )
+    return {
+        "id": inc.id,
+        "incident_id": inc.id,
+        "job": job.name if job else None,
+        "created_at": inc.created_at,
+        "trigger": inc.trigger,
+        "triggered_by": inc.triggered_by,
+        "cause": inc.cause,
+        "level": inc.level,
+        "reason": inc.reason,
+        "status": inc.status,
+        "outcome": inc.outcome,
+        "fault_step": inc.fault_step,
+        "lost_steps": inc.lost_steps,
+        "timeline": timeline,
+        "recovery_s": recovery,
+        "commands": [
+            {
+                "id": c.id,
+                "node": name,
+                "action": c.action,
+                "issued_at": c.issued_at,
+                "delivered_at": c.delivered_at,
+                "acks": [
+                    {"phase": a.phase, "ts": a.ts, "detail": a.detail}
+                    for a in acks
+                    if a.command_id == c.id
+                ],
+            }
+            for c, name in cmds
+        ],
+    }
+
+
+def get_incident(session: Session, incident_id: int) -> Incident:
+    inc = session.get(Incident, incident_id)
+    if inc is None:
+        raise NotFound(f"no incident {incident_id}")
+    return inc
+
+
+def list_incidents(
+    session: Session, job: str | None, status: str | None, limit: int
+) -> list[dict[str, Any]]:
+    stmt = select(Incident)
+    if job is not None:
+        stmt = stmt.join(Job, Job.id == Incident.job_id).where(Job.name == job)
+    if status is not None:
+        stmt = stmt.where(Incident.status == status)
+    rows = session.scalars(stmt.order_by(Incident.created_at.desc()).limit(limit)).all()
+    return [incident_dict(session, i) for i in rows]

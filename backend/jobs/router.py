@@ -1,0 +1,70 @@
+"""Jobs: reads, and the operator's manual restart."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import BaseModel, Field
+
+from backend.auth import OperatorDep, ViewerDep
+from backend.commands import service as commands
+from backend.db import SessionDep
+from backend.jobs import service
+
+router = APIRouter(tags=["jobs"])
+
+JobName = Annotated[str, Path(max_length=128)]
+
+
+@router.get("/jobs", summary="Every job, most recently active first")
+def list_jobs(session: SessionDep, _: ViewerDep) -> list[dict[str, Any]]:
+    return service.list_jobs(session)
+
+
+@router.get("/jobs/{job}", summary="One job with its ranks")
+def get_job(job: JobName, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
+    j = service.get_job(session, job)
+    out = service.job_dict(j)
+    out["ranks"] = service.ranks(session, j)
+    return out
+
+
+@router.get("/jobs/{job}/steps", summary="Per-rank step timings, columnar, oldest first")
+def job_steps(
+    job: JobName,
+    session: SessionDep,
+    _: ViewerDep,
+    since: Annotated[float | None, Query(ge=0)] = None,
+    rank: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 5000,
+) -> dict[str, Any]:
+    return service.steps(session, service.get_job(session, job), since, rank, limit)
+
+
+class RestartRequest(BaseModel):
+    model_config = {"extra": "forbid"}
+    level: Literal["in_process", "launcher"]
+    reason: str = Field(min_length=1, max_length=500)
+
+
+@router.post(
+    "/jobs/{job}/restarts",
+    status_code=202,
+    summary="Ask for a restart of a job (operator; audited)",
+    responses={404: {"description": "unknown job"}, 409: {"description": "no live ranks"}},
+)
+def restart_job(
+    job: JobName, body: RestartRequest, request: Request, session: SessionDep, who: OperatorDep
+) -> dict[str, Any]:
+    j = service.get_job(session, job)
+    incident = commands.manual_restart(
+        session,
+        j,
+        level=body.level,
+        reason=body.reason,
+        actor=who.name,
+        fresh_within_s=request.app.state.settings.node_down_after_s,
+    )
+    request.app.state.commands_notifier.notify()
+    return commands.incident_dict(session, incident)

@@ -1,0 +1,105 @@
+"""Reads of training jobs: jobs, their ranks, step timings."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from backend.errors import NotFound
+from backend.models import Incident, Job, Node, Rank, Step
+
+
+def get_job(session: Session, name: str) -> Job:
+    job = session.scalar(select(Job).where(Job.name == name))
+    if job is None:
+        raise NotFound(f"no job named {name!r}")
+    return job
+
+
+def job_dict(job: Job, open_incidents: int = 0) -> dict[str, Any]:
+    return {
+        "name": job.name,
+        "first_seen": job.first_seen,
+        "last_seen": job.last_seen,
+        "world_size": job.world_size,
+        "attempt": job.attempt,
+        "iteration": job.iteration,
+        "last_step": job.last_step,
+        "open_incidents": open_incidents,
+    }
+
+
+def list_jobs(session: Session) -> list[dict[str, Any]]:
+    open_counts = dict(
+        session.execute(
+            select(Incident.job_id, func.count())
+            .where(Incident.status == "open")
+            .group_by(Incident.job_id)
+        ).all()
+    )
+    jobs = session.scalars(select(Job).order_by(Job.last_seen.desc())).all()
+    return [job_dict(j, open_counts.get(j.id, 0)) for j in jobs]
+
+
+def live_ranks(session: Session, job: Job, fresh_within_s: float) -> list[tuple[Rank, str]]:
+    """Ranks reported alive by their agent within the window, with their node's name."""
+    cutoff = time.time() - fresh_within_s
+    return [
+        (r, name)
+        for r, name in session.execute(
+            select(Rank, Node.name)
+            .join(Node, Node.id == Rank.node_id)
+            .where(Rank.job_id == job.id, Rank.alive.is_(True), Rank.updated_at >= cutoff)
+            .order_by(Rank.rank)
+        ).all()
+    ]
+
+
+def ranks(session: Session, job: Job) -> list[dict[str, Any]]:
+    rows = session.execute(
+        select(Rank, Node.name)
+        .join(Node, Node.id == Rank.node_id)
+        .where(Rank.job_id == job.id)
+        .order_by(Rank.rank)
+    ).all()
+    return [
+        {
+            "rank": r.rank,
+            "node": name,
+            "local_rank": r.local_rank,
+            "pid": r.pid,
+            "attempt": r.attempt,
+            "iteration": r.iteration,
+            "last_heartbeat": r.last_heartbeat,
+            "last_step": r.last_step,
+            "alive": r.alive,
+            "updated_at": r.updated_at,
+        }
+        for r, name in rows
+    ]
+
+
+def steps(
+    session: Session, job: Job, since: float | None, rank: int | None, limit: int
+) -> dict[str, Any]:
+    stmt = select(Step).where(Step.job_id == job.id)
+    if since is not None:
+        stmt = stmt.where(Step.end >= since)
+    if rank is not None:
+        stmt = stmt.where(Step.rank == rank)
+    rows = session.scalars(stmt.order_by(Step.end.desc()).limit(limit)).all()
+    rows = list(reversed(rows))
+    return {
+        "job": job.name,
+        "columns": {
+            "rank": [s.rank for s in rows],
+            "step": [s.step for s in rows],
+            "start": [s.start for s in rows],
+            "end": [s.end for s in rows],
+            "attempt": [s.attempt for s in rows],
+            "iteration": [s.iteration for s in rows],
+        },
+    }

@@ -1,0 +1,57 @@
+"""GET /api/v1/stream: Server-Sent Events, one stream per browser, filtered by topic."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterable
+from typing import Annotated
+
+import msgspec
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from backend.auth import ViewerDep
+
+router = APIRouter(tags=["live"])
+
+_TOPIC = re.compile(r"^(nodes|events|incidents|(node|job):[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127})$")
+_json = msgspec.json.Encoder()
+
+
+def parse_topics(raw: str) -> frozenset[str]:
+    topics = frozenset(t.strip() for t in raw.split(",") if t.strip())
+    bad = sorted(t for t in topics if not _TOPIC.match(t))
+    if bad or not topics or len(topics) > 32:
+        raise HTTPException(
+            422,
+            f"invalid topics {bad}: use nodes, events, incidents, node:<name>, job:<name> "
+            "(comma-separated, at most 32)",
+        )
+    return topics
+
+
+@router.get(
+    "/stream",
+    response_class=EventSourceResponse,
+    summary="Live updates (SSE); ?topics=nodes,events,node:<name>; ?access_token= accepted",
+)
+async def stream(
+    request: Request,
+    _: ViewerDep,
+    topics: Annotated[str, Query(max_length=4096)] = "nodes,events",
+    access_token: Annotated[str | None, Query(max_length=512)] = None,
+) -> AsyncIterable[ServerSentEvent]:
+    wanted = parse_topics(topics)
+    bus = request.app.state.bus
+    sub = bus.subscribe(wanted)
+    try:
+        yield ServerSentEvent(event="hello", data={"topics": sorted(wanted)}, retry=2000)
+        # Nodes now, so a fresh page needs no wait for the next tick.
+        if "nodes" in wanted:
+            nodes = await request.app.state.nodes_snapshot()
+            yield ServerSentEvent(event="nodes", raw_data=_json.encode(nodes).decode())
+        while True:
+            name, data = await sub.queue.get()
+            yield ServerSentEvent(event=name, raw_data=_json.encode(data).decode())
+    finally:
+        bus.unsubscribe(sub)

@@ -1,0 +1,24 @@
+"""ORM classes; importing this package registers every table on Base.metadata."""
+
+from backend.models.base import Base
+from backend.models.cluster import SAMPLE_READINGS, Event, Gpu, IngestBatch, Node, Sample
+from backend.models.control import TIMELINE, AuditLog, Command, CommandAck, Incident
+from backend.models.jobs import Job, Rank, Step
+
+__all__ = [
+    "SAMPLE_READINGS",
+    "TIMELINE",
+    "AuditLog",
+    "Base",
+    "Command",
+    "CommandAck",
+    "Event",
+    "Gpu",
+    "Incident",
+    "IngestBatch",
+    "Job",
+    "Node",
+    "Rank",
+    "Sample",
+    "Step",
+]

@@ -1,0 +1,144 @@
+"""Nodes, their GPUs, GPU samples and events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    REAL,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from backend.models.base import Base, BigId
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    simulated: Mapped[bool] = mapped_column(Boolean, default=False)
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)  # backend clock, last batch received
+    agent_id: Mapped[str | None] = mapped_column(String(64))
+    # Agent clock minus backend clock at the last batch (positive: the agent runs ahead).
+    clock_offset_s: Mapped[float | None] = mapped_column(Float)
+    # Summary of the last batch's samples, so the overview needs no scan of samples.
+    util_avg: Mapped[float | None] = mapped_column(Float)
+    temp_max: Mapped[float | None] = mapped_column(Float)
+    last_xid_at: Mapped[float | None] = mapped_column(Float)
+
+    gpus: Mapped[list[Gpu]] = relationship(back_populates="node", lazy="raise")
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    uuid: Mapped[str] = mapped_column(String(96), unique=True)
+    index: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(256), default="")
+    pci_bus_id: Mapped[str] = mapped_column(String(256), default="")
+    memory_total_mib: Mapped[float | None] = mapped_column(Float)
+    power_limit_w: Mapped[float | None] = mapped_column(Float)
+    simulated: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    node: Mapped[Node] = relationship(back_populates="gpus", lazy="raise")
+
+
+# Reading columns of a sample, in wire order; the ingest writer and the reads use this list.
+SAMPLE_READINGS: tuple[str, ...] = (
+    "util",
+    "mem_util",
+    "mem_used_mib",
+    "mem_total_mib",
+    "temp_c",
+    "mem_temp_c",
+    "power_w",
+    "energy_mj",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "clock_event_reasons",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "remapped_correctable",
+    "remapped_uncorrectable",
+    "remap_pending",
+    "remap_failure",
+    "pcie_replay",
+)
+
+
+class Sample(Base):
+    """GPU readings at one instant (raw; bounded retention)."""
+
+    __tablename__ = "samples"
+    __table_args__ = (Index("ix_samples_gpu_ts", "gpu_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Float)
+    util: Mapped[float | None] = mapped_column(REAL)
+    mem_util: Mapped[float | None] = mapped_column(REAL)
+    mem_used_mib: Mapped[float | None] = mapped_column(REAL)
+    mem_total_mib: Mapped[float | None] = mapped_column(REAL)
+    temp_c: Mapped[float | None] = mapped_column(REAL)
+    mem_temp_c: Mapped[float | None] = mapped_column(REAL)
+    power_w: Mapped[float | None] = mapped_column(REAL)
+    energy_mj: Mapped[float | None] = mapped_column(Float)
+    sm_clock_mhz: Mapped[float | None] = mapped_column(REAL)
+    mem_clock_mhz: Mapped[float | None] = mapped_column(REAL)
+    clock_event_reasons: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_sbe_volatile: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_dbe_volatile: Mapped[int | None] = mapped_column(BigInteger)
+    remapped_correctable: Mapped[int | None] = mapped_column(Integer)
+    remapped_uncorrectable: Mapped[int | None] = mapped_column(Integer)
+    remap_pending: Mapped[bool | None] = mapped_column(Boolean)
+    remap_failure: Mapped[bool | None] = mapped_column(Boolean)
+    pcie_replay: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_ts", "ts"),
+        Index("ix_events_node_ts", "node_id", "ts"),
+        Index("ix_events_kind_ts", "kind", "ts"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Float)
+    received_at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))
+    gpu_uuid: Mapped[str | None] = mapped_column(String(96))
+    job: Mapped[str | None] = mapped_column(String(128))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    xid: Mapped[int | None] = mapped_column(Integer)
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class IngestBatch(Base):
+    """One accepted batch; its key makes a replayed batch a no-op."""
+
+    __tablename__ = "ingest_batches"
+
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    agent_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    received_at: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer, default=0)

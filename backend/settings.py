@@ -1,0 +1,76 @@
+"""One Settings class for the backend, env prefix TRAINGUARD_ (fails fast on unsafe values)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRAINGUARD_", extra="ignore")
+
+    data_dir: Path = Field(default=Path("data"), description="SQLite file and other state")
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL; default sqlite:///<data_dir>/trainguard.db. "
+        "PostgreSQL: postgresql+psycopg://user@host/db",
+    )
+    admin_token: str | None = Field(
+        default=None, description="bootstrap token accepted for every role"
+    )
+    demo: bool = False
+    # Health: a node is down after this many seconds without a batch, degraded after half.
+    node_down_after_s: float = 15.0
+    # Ingest limits.
+    max_body_bytes: int = 8 * 1024 * 1024
+    # How long a GPU's raw samples are kept (the benchmarks issue adds rollups beyond it).
+    raw_retention_s: float = 6 * 3600
+    # Writer: group commit of concurrent ingest batches.
+    writer_max_delay_s: float = 0.05
+    # Long-poll cap for agents' command requests.
+    command_wait_max_s: float = 30.0
+    frontend_dir: Path = Field(
+        default=Path(__file__).resolve().parent.parent / "frontend",
+        description="static UI folder served at /",
+    )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _token_strength(cls, v: str | None) -> str | None:
+        if v is not None and len(v) < 16:
+            raise ValueError("TRAINGUARD_ADMIN_TOKEN must be at least 16 characters")
+        return v
+
+    @field_validator("node_down_after_s", "writer_max_delay_s", "raw_retention_s")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be > 0")
+        return v
+
+    @model_validator(mode="after")
+    def _need_token(self) -> Settings:
+        if not self.admin_token and not self.demo:
+            raise ValueError(
+                "no token configured: set TRAINGUARD_ADMIN_TOKEN (>= 16 chars), "
+                "or run `trainguard demo`"
+            )
+        return self
+
+    @property
+    def url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'trainguard.db').resolve()}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.startswith("sqlite")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()
