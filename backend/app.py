@@ -17,6 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
 
 from backend import db, errors, metrics
+from backend.auth import ViewerDep
 from backend.cluster import service as cluster_service
 from backend.cluster.router import router as cluster_router
 from backend.commands.notifier import Notifier
@@ -128,8 +129,8 @@ def create_app(settings: Settings) -> FastAPI:
             return JSONResponse({"status": "unavailable", "detail": str(exc)[:200]}, 503)
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
-    def prometheus() -> Response:
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (viewer token)")
+    def prometheus(_: ViewerDep) -> Response:
         return Response(metrics.render(app), media_type="text/plain; version=0.0.4")
 
     if settings.frontend_dir.is_dir():

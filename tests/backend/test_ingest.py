@@ -1,0 +1,133 @@
+"""POST /api/v1/ingest: validation, idempotence, and that nothing is half-stored."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import msgspec
+from sqlalchemy import create_engine, func, select
+
+from agent import wire
+from backend.models import Event, IngestBatch, Sample, Step
+
+NODE = "node-a"
+
+
+def make_batch(seq: int, n: int = 8, agent_id: str = "agent000001", node: str = NODE) -> bytes:
+    now = time.time()
+    return wire.encode(
+        wire.Batch(
+            node=node,
+            agent_id=agent_id,
+            seq=seq,
+            sent_at=now,
+            simulated=True,
+            gpus=[wire.GpuInfo(uuid=f"GPU-{node}-{i}", index=i) for i in range(n)],
+            samples=[
+                wire.GpuSample(uuid=f"GPU-{node}-{i}", ts=now, util=float(i), temp_c=50.0 + i)
+                for i in range(n)
+            ],
+            events=[wire.Event(kind="xid", ts=now, xid=13, gpu_uuid=f"GPU-{node}-0")],
+            steps=[wire.StepReport(job="job-1", rank=0, step=seq, start=now - 0.1, end=now)],
+        )
+    )
+
+
+def count(url: str, model: Any) -> int:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        n = conn.execute(select(func.count()).select_from(model)).scalar_one()
+    engine.dispose()
+    return int(n)
+
+
+def test_batch_is_stored_and_counted(client: Any, db_url: str) -> None:
+    r = client.post("/api/v1/ingest", content=make_batch(1))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body == {**body, "duplicate": False, "stored_samples": 8, "stored_events": 1}
+    assert count(db_url, Sample) == 8
+    assert count(db_url, Step) == 1
+
+
+def test_replayed_batch_is_stored_once(client: Any, db_url: str) -> None:
+    first = client.post("/api/v1/ingest", content=make_batch(1))
+    again = client.post("/api/v1/ingest", content=make_batch(1))
+    assert first.json()["duplicate"] is False
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert count(db_url, Sample) == 8
+    assert count(db_url, Event) == 1
+    assert count(db_url, IngestBatch) == 1
+    # The same seq from another agent process is another batch.
+    other = client.post("/api/v1/ingest", content=make_batch(1, agent_id="agent000002"))
+    assert other.json()["duplicate"] is False
+    assert count(db_url, Sample) == 16
+
+
+def test_one_malformed_sample_rejects_the_whole_batch_naming_the_field(
+    client: Any, db_url: str
+) -> None:
+    raw = msgspec.json.decode(make_batch(1))
+    raw["samples"][5]["temp_c"] = "hot"
+    r = client.post("/api/v1/ingest", content=msgspec.json.encode(raw))
+    assert r.status_code == 422
+    assert "$.samples[5].temp_c" in r.json()["detail"]
+    assert count(db_url, Sample) == 0 and count(db_url, Event) == 0
+    assert count(db_url, IngestBatch) == 0
+
+
+def test_out_of_range_and_unknown_fields_are_refused(client: Any) -> None:
+    raw = msgspec.json.decode(make_batch(1))
+    raw["samples"][0]["util"] = 250.0
+    r = client.post("/api/v1/ingest", content=msgspec.json.encode(raw))
+    assert r.status_code == 422 and "$.samples[0].util" in r.json()["detail"]
+    raw = msgspec.json.decode(make_batch(1))
+    raw["surprise"] = 1
+    r = client.post("/api/v1/ingest", content=msgspec.json.encode(raw))
+    assert r.status_code == 422 and "surprise" in r.json()["detail"]
+
+
+def test_bad_json_too_large_and_future_timestamps(make_client: Any) -> None:
+    client = make_client(max_body_bytes=4096)
+    r = client.post("/api/v1/ingest", content=b"{not json")
+    assert r.status_code == 400 and "malformed JSON" in r.json()["detail"]
+    r = client.post("/api/v1/ingest", content=make_batch(1, n=60))
+    assert r.status_code == 413
+    raw = msgspec.json.decode(make_batch(2))
+    raw["samples"][1]["ts"] = time.time() + 7 * 86400
+    r = client.post("/api/v1/ingest", content=msgspec.json.encode(raw))
+    assert r.status_code == 422 and "$.samples[1].ts" in r.json()["detail"]
+
+
+def test_ingest_needs_a_valid_token(client: Any) -> None:
+    r = client.post("/api/v1/ingest", content=make_batch(1), headers={"Authorization": ""})
+    assert r.status_code == 401
+    r = client.post(
+        "/api/v1/ingest", content=make_batch(1), headers={"Authorization": "Bearer nope"}
+    )
+    assert r.status_code == 401
+
+
+def test_concurrent_batches_from_many_nodes_are_all_stored_exactly_once(
+    client: Any, db_url: str
+) -> None:
+    nodes, per_node = 8, 5
+    errors: list[str] = []
+
+    def agent(i: int) -> None:
+        for seq in range(1, per_node + 1):
+            for _ in range(2):  # every batch sent twice, as a retry after a lost answer
+                r = client.post("/api/v1/ingest", content=make_batch(seq, node=f"n{i}"))
+                if r.status_code != 200:
+                    errors.append(r.text)
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert count(db_url, IngestBatch) == nodes * per_node
+    assert count(db_url, Sample) == nodes * per_node * 8

@@ -1,0 +1,92 @@
+"""Read API: node health from last-seen, downsampled series with gaps, event filters."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agent import wire
+from tests.support import wait_for
+
+
+def post(client: Any, node: str, seq: int, samples: list[wire.GpuSample], **kw: Any) -> None:
+    batch = wire.Batch(
+        node=node,
+        agent_id="agent000001",
+        seq=seq,
+        sent_at=time.time(),
+        simulated=True,
+        gpus=[wire.GpuInfo(uuid=f"GPU-{node}-0", index=0, name="sim")],
+        samples=samples,
+        **kw,
+    )
+    r = client.post("/api/v1/ingest", content=wire.encode(batch))
+    assert r.status_code == 200, r.text
+
+
+def test_node_health_follows_last_seen_and_xids(make_client: Any) -> None:
+    client = make_client(node_down_after_s=3.0)
+    now = time.time()
+    post(client, "quiet", 1, [wire.GpuSample(uuid="GPU-quiet-0", ts=now, util=10.0)])
+    post(client, "xid", 1, [], events=[wire.Event(kind="xid", ts=now, xid=79)])
+    nodes = {n["name"]: n for n in client.get("/api/v1/nodes").json()}
+    assert nodes["quiet"]["status"] == "healthy"
+    assert nodes["quiet"]["simulated"] is True and nodes["quiet"]["gpu_count"] == 1
+    assert nodes["xid"]["status"] == "degraded"
+    # Silence: degraded after a third of the window, down after all of it.
+    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "degraded", 5)
+    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "down", 10)
+    client.post("/api/v1/nodes/quiet/cordon", json={"reason": "bad HBM"})
+    assert client.get("/api/v1/nodes/quiet").json()["status"] == "cordoned"
+    assert client.get("/api/v1/nodes/nope").status_code == 404
+
+
+def test_samples_are_downsampled_and_gaps_are_null(client: Any) -> None:
+    t0 = 1_700_000_000.0
+    # 100 s of 1 Hz data, then a 100 s hole, then 100 s more.
+    samples = [
+        wire.GpuSample(uuid="GPU-n1-0", ts=t0 + i, util=float(i % 100), temp_c=60.0)
+        for i in list(range(100)) + list(range(200, 300))
+    ]
+    post(client, "n1", 1, samples)
+    r = client.get(
+        "/api/v1/gpus/GPU-n1-0/samples", params={"since": t0, "until": t0 + 300, "points": 30}
+    )
+    cols = r.json()["columns"]
+    assert len(cols["ts"]) <= 31  # 30 buckets + one null row marking the gap
+    assert None in cols["util"]
+    gap = cols["util"].index(None)
+    assert t0 + 100 <= cols["ts"][gap] < t0 + 200
+    assert cols["ts"] == sorted(cols["ts"])
+    assert all(v == 60.0 for v in cols["temp_c"] if v is not None)
+    # Bucket means: the first bucket (10 s wide) averages util 0..9.
+    assert abs(cols["util"][0] - 4.5) < 1e-6
+    assert client.get("/api/v1/gpus/GPU-nope/samples").status_code == 404
+    bad = client.get("/api/v1/gpus/GPU-n1-0/samples", params={"since": 10, "until": 5})
+    assert bad.status_code == 400
+
+
+def test_events_filter_by_node_and_kind(client: Any) -> None:
+    now = time.time()
+    post(client, "a", 1, [], events=[wire.Event(kind="xid", ts=now, xid=48)])
+    post(client, "b", 1, [], events=[wire.Event(kind="rank_exit", ts=now + 1, rank=3)])
+    all_events = client.get("/api/v1/events").json()
+    assert [e["kind"] for e in all_events] == ["rank_exit", "xid"]  # newest first
+    only_a = client.get("/api/v1/events", params={"node": "a"}).json()
+    assert [(e["node"], e["xid"]) for e in only_a] == [("a", 48)]
+    assert client.get("/api/v1/events", params={"kind": "rank_exit"}).json()[0]["rank"] == 3
+    assert client.get("/api/v1/events", params={"kind": "bogus"}).status_code == 422
+
+
+def test_every_api_route_needs_a_token_but_health_and_ui_do_not(client: Any) -> None:
+    anon = {"Authorization": ""}
+    for path in (
+        "/api/v1/nodes",
+        "/api/v1/events",
+        "/api/v1/jobs",
+        "/api/v1/incidents",
+        "/metrics",
+    ):
+        assert client.get(path, headers=anon).status_code == 401, path
+    assert client.get("/healthz", headers=anon).status_code == 200
+    assert client.get("/readyz", headers=anon).json() == {"status": "ready"}

@@ -1,0 +1,92 @@
+"""Shared fixtures: a real database (SQLite file or PostgreSQL) migrated by the real Alembic
+scripts, and the real app on top of it."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from backend import db
+from backend.models import Base
+from tests.support import AUTH, TOKEN
+
+PG_URL = os.environ.get(
+    "TRAINGUARD_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A database of its own for this test session, created from the server's `test` db."""
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    name = f"tg_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # CI has PostgreSQL; say so loudly if it is missing
+        pytest.fail(f"PostgreSQL at {PG_URL} is required for the postgres tests: {exc}")
+    url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    db.upgrade(url)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+            {"n": name},
+        )
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+def _truncate(url: str) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        names = ", ".join(t.name for t in Base.metadata.sorted_tables)
+        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Each test runs on both databases, on an empty schema at head."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'trainguard.db'}"
+        db.upgrade(url)
+        yield url
+    else:
+        url = request.getfixturevalue("pg_database")
+        _truncate(url)
+        yield url
+
+
+@pytest.fixture
+def make_client(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Builds a TestClient over the real app (lifespan runs: writer thread, bus)."""
+    from fastapi.testclient import TestClient
+
+    from backend.app import create_app
+    from backend.settings import Settings
+
+    clients: list[TestClient] = []
+
+    def make(**overrides: Any) -> TestClient:
+        settings = Settings(database_url=db_url, admin_token=TOKEN, data_dir=tmp_path, **overrides)
+        client = TestClient(create_app(settings), headers=AUTH)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: Callable[..., Any]) -> Any:
+    return make_client()
