@@ -1,0 +1,109 @@
+"""Node agent settings: one pydantic-settings class, env prefix `TRAINGUARD_AGENT_`.
+
+Validators fail fast on values that would make the agent misbehave quietly (a zero
+interval spins a core, a node name the wire refuses gets every batch rejected).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agent.wire import MAX_GPUS
+
+MIB = 1024 * 1024
+# The wire's `Name` pattern (agent/wire.py); a node outside it is refused by the backend.
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")
+
+
+def _default_node() -> str:
+    return socket.gethostname()
+
+
+def _default_spool_dir(data: dict[str, Any]) -> Path:
+    node = str(data.get("node") or _default_node())
+    return Path.home() / ".local" / "state" / "trainguard" / "spool" / node.replace("/", "_")
+
+
+def _default_socket_path(data: dict[str, Any]) -> Path:
+    node = str(data.get("node") or _default_node())
+    return Path("/tmp") / f"trainguard-agent-{node.replace('/', '_')}.sock"
+
+
+class AgentConfig(BaseSettings):
+    """Everything one node agent needs; each field can come from `TRAINGUARD_AGENT_<NAME>`."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINGUARD_AGENT_", extra="ignore")
+
+    # node first: the two path defaults below are derived from it.
+    node: str = Field(default_factory=_default_node)
+    spool_dir: Path = Field(default_factory=_default_spool_dir)
+    socket_path: Path = Field(default_factory=_default_socket_path)
+    server: str = "http://127.0.0.1:8000"
+    token: str = Field(default="", repr=False)
+    simulate: int | None = None
+    seed: int = 0  # simulated readings and faults are repeatable from (seed, node)
+    interval: float = 1.0
+    spool_max_bytes: int = 256 * MIB
+    kmsg_path: Path | None = Path("/dev/kmsg")
+    inventory_every_s: float = 60.0
+
+    @field_validator("server")
+    @classmethod
+    def _server_is_http(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"server must be an http:// or https:// URL, got {v!r}")
+        return v
+
+    @field_validator("node")
+    @classmethod
+    def _node_is_wire_name(cls, v: str) -> str:
+        if not (1 <= len(v) <= 128 and _NODE_RE.match(v)):
+            raise ValueError(
+                f"node {v!r} is not a valid name (1-128 chars: letters, digits, ._:@/-; "
+                "starting with a letter or digit)"
+            )
+        return v
+
+    @field_validator("simulate")
+    @classmethod
+    def _simulate_in_range(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= MAX_GPUS:
+            raise ValueError(f"simulate must be between 1 and {MAX_GPUS} GPUs, got {v}")
+        return v
+
+    @field_validator("interval")
+    @classmethod
+    def _interval_sane(cls, v: float) -> float:
+        if not 0.01 <= v <= 3600:
+            raise ValueError(f"interval must be between 0.01 and 3600 seconds, got {v}")
+        return v
+
+    @field_validator("inventory_every_s")
+    @classmethod
+    def _inventory_sane(cls, v: float) -> float:
+        if not 1.0 <= v <= 86400:
+            raise ValueError(f"inventory_every_s must be between 1 and 86400, got {v}")
+        return v
+
+    @field_validator("spool_max_bytes")
+    @classmethod
+    def _spool_cap_sane(cls, v: int) -> int:
+        if v < MIB:
+            raise ValueError(f"spool_max_bytes must be at least 1 MiB ({MIB}), got {v}")
+        return v
+
+    @field_validator("spool_dir", "socket_path")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @property
+    def ingest_url(self) -> str:
+        return f"{self.server}/api/v1/ingest"
