@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from agent.outbox import Outbox
+from agent.simulated import SimulatedGpus
+from agent.wire import GpuInfo, GpuSample, encode
+
+T0 = 1_700_000_000.0
+
+
+def run(sim: SimulatedGpus, seconds: int, start: float = T0) -> list[list[GpuSample]]:
+    return [sim.sample(start + t) for t in range(seconds)]
+
+
+def test_simulated_gpus_are_labelled_all_the_way():
+    sim = SimulatedGpus(2, "node-a", seed=1)
+    inv = sim.inventory()
+    assert [g.uuid for g in inv] == ["GPU-sim-node-a-0", "GPU-sim-node-a-1"]
+    assert all(g.driver == "simulated" and g.name.startswith("Simulated") for g in inv)
+    assert sim.simulated is True
+    for g in inv:
+        msgspec.json.decode(encode(g), type=GpuInfo)
+
+
+def test_readings_move_like_training_and_fit_the_wire():
+    series = run(SimulatedGpus(1, "n", seed=3), 240)
+    gpu0 = [s[0] for s in series]
+    for s in gpu0:
+        msgspec.json.decode(encode(s), type=GpuSample)
+    steady = gpu0[60:]
+    assert sum(s.util for s in steady) / len(steady) > 80  # training keeps the GPU busy
+    assert gpu0[0].util < 10  # warm-up starts idle
+    assert gpu0[200].temp_c > gpu0[0].temp_c + 15  # temperature follows power
+    energies = [s.energy_mj for s in gpu0]
+    assert energies == sorted(energies) and energies[-1] > energies[0]
+    assert len({s.power_w for s in steady}) > 50  # readings change
+    assert all(0 < s.mem_used_mib <= s.mem_total_mib for s in gpu0)
+
+
+def test_readings_repeat_from_seed_and_node():
+    a = run(SimulatedGpus(2, "n1", seed=7), 30)
+    b = run(SimulatedGpus(2, "n1", seed=7), 30)
+    c = run(SimulatedGpus(2, "n2", seed=7), 30)
+    assert a == b
+    assert [s.power_w for s in a[-1]] != [s.power_w for s in c[-1]]
+
+
+def test_inject_xid_puts_an_urgent_labelled_event():
+    outbox = Outbox()
+    sim = SimulatedGpus(2, "n", outbox=outbox, clock=lambda: T0)
+    event = sim.inject_xid(1, 13, "boom")
+    assert outbox.urgent.is_set()
+    (e,) = outbox.drain(10, 10, 10).events
+    assert e == event
+    assert (e.kind, e.xid, e.gpu_uuid, e.message, e.ts) == ("xid", 13, "GPU-sim-n-1", "boom", T0)
+    assert e.data == {"source": "injected", "action": "RESTART_APP", "pci": "0000:2a:00"}
+
+
+def test_xid_79_makes_every_reading_missing_and_the_gpu_stays_lost():
+    sim = SimulatedGpus(2, "n")
+    run(sim, 5)
+    event = sim.inject_xid(0, 79)
+    assert "fallen off the bus" in event.message
+    for s0, s1 in run(sim, 5, T0 + 5):
+        assert s0 == GpuSample(uuid=s0.uuid, ts=s0.ts)  # nothing but uuid and time
+        assert s1.util is not None
+    assert sim.is_lost(0)
+    sim.reset(0)
+    assert sim.sample(T0 + 20)[0].util is not None
+
+
+@pytest.mark.parametrize(
+    ("xid", "field", "after"),
+    [
+        (48, "ecc_dbe_volatile", 1),
+        (48, "remap_pending", True),
+        (63, "remapped_uncorrectable", 1),
+        (64, "remap_failure", True),
+        (92, "ecc_sbe_volatile", 100),
+    ],
+)
+def test_memory_xids_move_the_counters(xid, field, after):
+    sim = SimulatedGpus(1, "n")
+    before = getattr(sim.sample(T0)[0], field)
+    sim.inject_xid(0, xid)
+    assert before in (0, False) and getattr(sim.sample(T0 + 1)[0], field) == after
+
+
+def test_application_xid_idles_the_gpu_for_a_while():
+    sim = SimulatedGpus(1, "n", clock=lambda: T0 + 100)
+    run(sim, 100)
+    sim.inject_xid(0, 31)
+    assert sim.sample(T0 + 101)[0].util == 0
+    assert sim.sample(T0 + 130)[0].util > 50
+
+
+def test_set_slow_lowers_clocks_and_flags_a_slowdown():
+    sim = SimulatedGpus(2, "n")
+    run(sim, 60)
+    sim.set_slow(1, 2.0)
+    fast, slow = sim.sample(T0 + 60)
+    assert slow.sm_clock_mhz < fast.sm_clock_mhz and slow.clock_event_reasons & 0x8
+    with pytest.raises(ValueError):
+        sim.set_slow(0, 0.5)
+
+
+def test_bad_injections_are_refused():
+    sim = SimulatedGpus(2, "n")
+    with pytest.raises(ValueError, match="no simulated GPU 5"):
+        sim.inject_xid(5, 79)
+    with pytest.raises(ValueError):
+        sim.inject_xid(0, -1)
+
+
+def test_long_node_names_still_give_wire_sized_uuids():
+    sim = SimulatedGpus(1, "x" * 128)
+    assert len(sim.inventory()[0].uuid) <= 96 and sim.inventory()[0].uuid.startswith("GPU-sim-")
+
+
+def test_uuid_for_pci():
+    sim = SimulatedGpus(3, "n")
+    assert sim.uuid_for_pci("0000:3a:00") == "GPU-sim-n-2"
+    assert sim.uuid_for_pci("0000:99:00") is None
