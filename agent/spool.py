@@ -122,7 +122,7 @@ class Spool:
             return len(self._entries)
 
     @property
-    def bytes(self) -> int:
+    def size_bytes(self) -> int:
         return self._bytes
 
     def put(self, batch: Batch, body: bytes | None = None) -> bool:

@@ -33,9 +33,9 @@ def test_batches_come_back_oldest_first(tmp_path: Path):
     spool = Spool(tmp_path, 1 << 20)
     for seq in (1, 2, 3):
         assert spool.put(batch(seq))
-    assert len(spool) == 3 and spool.bytes == sum(len(encode(batch(s))) for s in (1, 2, 3))
+    assert len(spool) == 3 and spool.size_bytes == sum(len(encode(batch(s))) for s in (1, 2, 3))
     assert contents(spool) == [("agent-aaaaaaaa", 1), ("agent-aaaaaaaa", 2), ("agent-aaaaaaaa", 3)]
-    assert len(spool) == 0 and spool.bytes == 0
+    assert len(spool) == 0 and spool.size_bytes == 0
     assert not list(tmp_path.glob("*.batch"))
 
 
@@ -64,7 +64,7 @@ def test_full_spool_drops_the_oldest_and_counts_what_was_lost(tmp_path: Path):
     spool = Spool(tmp_path, size * 3)
     for seq in range(1, 6):
         assert spool.put(batch(seq))
-    assert spool.bytes <= size * 3
+    assert spool.size_bytes <= size * 3
     gap = spool.take_gap()
     assert gap is not None
     assert (gap.batches, gap.samples) == (2, 8)

@@ -1,0 +1,459 @@
+"""The uplink: drains the outbox into batches and POSTs them to the backend.
+
+One thread ticks every `interval` on a monotonic clock without drift, or at once when an
+urgent event arrives. Batches are numbered (agent_id, seq) so the backend can drop
+duplicates. While the backend is unreachable (connection error, 408/429/5xx, bad token)
+batches go to the on-disk spool and are replayed oldest first when it answers again,
+after exponential backoff with full jitter. Any other 4xx refuses that batch for good:
+it is logged once with the server's message and dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from importlib import metadata
+from typing import Any
+
+import httpx
+import msgspec
+
+from agent.config import AgentConfig
+from agent.outbox import Drained, Outbox
+from agent.spool import Spool
+from agent.wire import (
+    MAX_BODY_BYTES,
+    MAX_EVENTS,
+    MAX_GPUS,
+    MAX_RANKS,
+    MAX_SAMPLES,
+    MAX_STEPS,
+    Batch,
+    Event,
+    GpuInfo,
+    GpuSample,
+    RankStatus,
+    StepReport,
+    decode_batch,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+INGEST_PATH = "/api/v1/ingest"
+HEARTBEAT_S = 10.0  # an empty batch when nothing was sent for this long
+MIN_URGENT_GAP_S = 0.02  # urgent ticks no closer than this (a flood of urgent events)
+
+
+def agent_version() -> str:
+    try:
+        return metadata.version("trainguard")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+class Outcome(enum.Enum):
+    SENT = "sent"
+    TRANSIENT = "transient"  # keep it, retry later
+    REJECTED = "rejected"  # the server refuses this batch for good
+
+
+@dataclass
+class UplinkStats:
+    batches_sent: int = 0
+    samples_sent: int = 0
+    events_sent: int = 0
+    steps_sent: int = 0
+    duplicates: int = 0
+    batches_spooled: int = 0
+    batches_replayed: int = 0
+    batches_rejected: int = 0
+    records_invalid: int = 0
+    records_dropped: int = 0  # outbox overflow and spool overflow, as reported in spool_gap
+    backlog: int = 0  # batches waiting in the spool
+    connected: bool = False
+    last_error: str = ""
+    last_error_at: float | None = None
+    last_sent_at: float | None = None
+    clock_offset_s: float | None = None  # server clock minus ours (positive: we are behind)
+
+
+# --- building batches -------------------------------------------------------------------
+
+_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
+    tp: msgspec.json.Decoder(tp) for tp in (GpuSample, Event, StepReport, GpuInfo, RankStatus)
+}
+_BODY_LIMIT = MAX_BODY_BYTES - 4096  # room for the header fields filled in after splitting
+
+
+def _valid_records(records: list[Any], tp: type, errors: list[str]) -> list[Any]:
+    """The records that pass the wire's own validation; the first error goes to `errors`."""
+    out = []
+    for r in records:
+        try:
+            _DECODERS[tp].decode(encode(r))
+        except msgspec.ValidationError as exc:
+            errors.append(f"{tp.__name__}: {exc}")
+            continue
+        out.append(r)
+    return out
+
+
+@dataclass
+class _Part:
+    samples: list[GpuSample]
+    events: list[Event]
+    steps: list[StepReport]
+    gpus: list[GpuInfo] | None
+    ranks: list[RankStatus] | None
+
+    def records(self) -> int:
+        return len(self.samples) + len(self.events) + len(self.steps)
+
+    def halves(self) -> tuple[_Part, _Part]:
+        hs, he, ht = len(self.samples) // 2, len(self.events) // 2, len(self.steps) // 2
+        return (
+            _Part(self.samples[:hs], self.events[:he], self.steps[:ht], self.gpus, self.ranks),
+            _Part(self.samples[hs:], self.events[he:], self.steps[ht:], None, None),
+        )
+
+    def batch(self, node: str, agent_id: str, seq: int, sent_at: float, sim: bool) -> Batch:
+        return Batch(
+            node=node,
+            agent_id=agent_id,
+            seq=seq,
+            sent_at=sent_at,
+            simulated=sim,
+            gpus=self.gpus,
+            samples=self.samples,
+            events=self.events,
+            steps=self.steps,
+            ranks=self.ranks,
+        )
+
+
+def split_to_limits(part: _Part) -> list[_Part]:
+    """Split until every part encodes under the wire's body limit (halving the lists)."""
+    probe = part.batch("n", "00000000", 1, 0.0, False)
+    if len(encode(probe)) <= _BODY_LIMIT:
+        return [part]
+    if part.records() <= 1:
+        log.warning("dropped one record that alone exceeds the %d-byte body limit", MAX_BODY_BYTES)
+        return []
+    a, b = part.halves()
+    return split_to_limits(a) + split_to_limits(b)
+
+
+# --- the uplink -------------------------------------------------------------------------
+
+
+class Uplink:
+    """Sends the outbox to `{server}/api/v1/ingest`; `transport` is injectable for tests."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        outbox: Outbox,
+        transport: httpx.BaseTransport | None = None,
+        spool: Spool | None = None,
+        *,
+        clock: Any = time.time,
+        monotonic: Any = time.monotonic,
+        rng: random.Random | None = None,
+        backoff_base_s: float = 0.5,
+        backoff_cap_s: float = 30.0,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.config, self.outbox = config, outbox
+        self.spool = spool if spool is not None else Spool(config.spool_dir, config.spool_max_bytes)
+        self.agent_id = uuid.uuid4().hex
+        self.seq = 0
+        self.simulated = config.simulate is not None
+        self.clock, self.monotonic = clock, monotonic
+        self.rng = rng or random.Random()
+        self.backoff_base_s, self.backoff_cap_s = backoff_base_s, backoff_cap_s
+        self._stats = UplinkStats()
+        self._attempt = 0
+        self._retry_at = 0.0
+        self._last_batch_mono = float("-inf")
+        self._logged: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.client = httpx.Client(
+            base_url=config.server,
+            transport=transport,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 3.0)),
+            headers={
+                "Authorization": f"Bearer {config.token}",
+                "Content-Type": "application/json",
+                "User-Agent": f"trainguard-agent/{agent_version()}",
+            },
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="uplink", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the loop; it flushes the outbox once and spools what it cannot send."""
+        if self._closed:
+            return
+        self._stop.set()
+        self.outbox.urgent.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("uplink did not stop within %.0f s", timeout)
+        else:
+            self.tick(final=True)
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.client.close()
+            self.spool.close()
+
+    def stats(self) -> UplinkStats:
+        return replace(self._stats, backlog=len(self.spool))
+
+    def _run(self) -> None:
+        interval = self.config.interval
+        next_t = self.monotonic()
+        try:
+            while not self._stop.is_set():
+                now = self.monotonic()
+                if self.outbox.urgent.wait(max(0.0, next_t - now)):
+                    if self._stop.is_set():
+                        break
+                else:
+                    next_t += interval
+                    next_t = max(next_t, self.monotonic())  # after a long replay: no burst
+                try:
+                    self.tick()
+                except Exception:  # never let one bad tick end the uplink
+                    log.exception("uplink tick failed")
+                self._stop.wait(MIN_URGENT_GAP_S)
+            self.tick(final=True)
+        finally:
+            self.close()
+
+    # --- one tick -------------------------------------------------------------------------
+
+    def tick(self, final: bool = False) -> None:
+        """Drain the outbox into batches; send them (or spool them); replay the spool."""
+        batches = self._drain()
+        if not batches and not len(self.spool):
+            if self.monotonic() - self._last_batch_mono < HEARTBEAT_S or final:
+                return
+            batches = [self._numbered(_Part([], [], [], None, None))]
+        link_down = len(self.spool) > 0 or self.monotonic() < self._retry_at
+        for i, batch in enumerate(batches):
+            if link_down:
+                self._spool(batch)
+                continue
+            outcome = self._post(encode(batch), batch, timeout=2.0 if final else None)
+            if outcome is Outcome.TRANSIENT:
+                self._spool(batch)
+                link_down = True
+            elif outcome is Outcome.SENT and i == 0:
+                self._report_gap()
+        if not final:
+            self._replay()
+
+    def _drain(self) -> list[Batch]:
+        parts: list[_Part] = []
+        for _ in range(64):  # a bound, so a fast producer cannot hold the tick forever
+            d = self.outbox.drain(MAX_SAMPLES, MAX_EVENTS, MAX_STEPS)
+            if d.empty() and not d.dropped:
+                break
+            parts += split_to_limits(self._checked(d))
+            full = (
+                len(d.samples) == MAX_SAMPLES
+                or len(d.events) == MAX_EVENTS
+                or len(d.steps) == MAX_STEPS
+            )
+            if not full:
+                break
+        return [self._numbered(p) for p in parts]
+
+    def _checked(self, d: Drained) -> _Part:
+        events = list(d.events)
+        if d.dropped:
+            self._stats.records_dropped += d.dropped
+            events.append(self._gap_event({"records": d.dropped, "where": "outbox"}))
+        part = _Part(
+            list(d.samples),
+            events,
+            list(d.steps),
+            d.gpus[:MAX_GPUS] if d.gpus is not None else None,
+            d.ranks[:MAX_RANKS] if d.ranks is not None else None,
+        )
+        try:
+            decode_batch(encode(part.batch(self.config.node, self.agent_id, 1, 0.0, False)))
+            return part
+        except msgspec.ValidationError:
+            pass
+        errors: list[str] = []
+        before = part.records()
+        part = _Part(
+            _valid_records(part.samples, GpuSample, errors),
+            _valid_records(part.events, Event, errors),
+            _valid_records(part.steps, StepReport, errors),
+            _valid_records(part.gpus, GpuInfo, errors) if part.gpus is not None else None,
+            _valid_records(part.ranks, RankStatus, errors) if part.ranks is not None else None,
+        )
+        self._stats.records_invalid += max(1, before - part.records())
+        log.warning(
+            "dropped %d invalid records (first: %s)",
+            max(1, before - part.records()),
+            errors[0] if errors else "?",
+        )
+        return part
+
+    def _numbered(self, part: _Part) -> Batch:
+        self.seq += 1
+        return part.batch(self.config.node, self.agent_id, self.seq, self.clock(), self.simulated)
+
+    def _spool(self, batch: Batch) -> None:
+        if self.spool.put(batch):
+            self._stats.batches_spooled += 1
+
+    def _replay(self) -> None:
+        """Send spooled batches oldest first while the backend answers."""
+        resumed = False
+        while not self._stop.is_set() and self.monotonic() >= self._retry_at:
+            entry = self.spool.oldest()
+            if entry is None:
+                break
+            body = self.spool.read(entry)
+            if body is None:
+                continue
+            try:
+                batch: Batch | None = decode_batch(body)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                batch = None  # sent as it is: the server's 4xx says what is wrong with it
+            outcome = self._post(body, batch)
+            if outcome is Outcome.TRANSIENT:
+                return
+            self.spool.remove(entry)
+            if outcome is Outcome.SENT:
+                self._stats.batches_replayed += 1
+                resumed = True
+        if resumed and not len(self.spool):
+            log.info("spool replayed; backend up to date")
+        if resumed:
+            self._report_gap()
+
+    def _report_gap(self) -> None:
+        gap = self.spool.take_gap()
+        if gap is None:
+            return
+        self._stats.records_dropped += gap.samples + gap.events + gap.steps
+        log.warning(
+            "spool overflowed: %d batches (%d samples) were dropped", gap.batches, gap.samples
+        )
+        self.outbox.put_event(self._gap_event(gap.event_data()))
+
+    def _gap_event(self, data: dict[str, Any]) -> Event:
+        text = ", ".join(f"{k}={v}" for k, v in data.items())
+        return Event(
+            kind="spool_gap", ts=self.clock(), message=f"agent dropped data: {text}", data=data
+        )
+
+    # --- HTTP -----------------------------------------------------------------------------
+
+    def _post(self, body: bytes, batch: Batch | None, timeout: float | None = None) -> Outcome:
+        """One POST of an encoded batch; `batch` (when known) is only used for counting."""
+        t0 = self.clock()
+        try:
+            kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+            resp = self.client.post(INGEST_PATH, content=body, **kwargs)
+        except httpx.HTTPError as exc:
+            return self._transient(
+                f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            )
+        t1 = self.clock()
+        status = resp.status_code
+        if 200 <= status < 300:
+            self._on_sent(resp, batch, (t0 + t1) / 2)
+            return Outcome.SENT
+        detail = _server_message(resp)
+        if status in (408, 429) or status >= 500:
+            return self._transient(f"HTTP {status}: {detail}", _retry_after(resp))
+        if status in (401, 403):
+            # Not this batch's fault: a wrong token or node binding. Keep the data (bounded
+            # by the spool) so it replays once the token is fixed, and say so loudly.
+            return self._transient(f"HTTP {status}: {detail} (check the agent token)")
+        self._stats.batches_rejected += 1
+        self._stats.last_error, self._stats.last_error_at = f"HTTP {status}: {detail}", t1
+        log.error("backend refused a batch (HTTP %d: %s); dropped", status, detail)
+        return Outcome.REJECTED
+
+    def _on_sent(self, resp: httpx.Response, batch: Batch | None, mid: float) -> None:
+        st = self._stats
+        if not st.connected and st.last_error:
+            log.info("backend reachable again")
+        st.connected = True
+        st.batches_sent += 1
+        st.last_sent_at = self.clock()
+        self._attempt, self._retry_at = 0, 0.0
+        self._last_batch_mono = self.monotonic()
+        if batch is not None:
+            st.samples_sent += len(batch.samples)
+            st.events_sent += len(batch.events)
+            st.steps_sent += len(batch.steps)
+        try:
+            result = resp.json()
+        except ValueError:
+            return
+        if isinstance(result, dict):
+            st.duplicates += bool(result.get("duplicate"))
+            received = result.get("received_at")
+            if isinstance(received, int | float):
+                self._clock_offset(float(received) - mid)
+
+    def _clock_offset(self, offset: float) -> None:
+        self._stats.clock_offset_s = offset
+        if abs(offset) > 5.0 and "offset" not in self._logged:
+            self._logged.add("offset")
+            log.warning(
+                "this node's clock is %.1f s off the backend's; timestamps are taken as they are",
+                offset,
+            )
+
+    def _transient(self, error: str, retry_after: float = 0.0) -> Outcome:
+        st = self._stats
+        first = st.connected or error != st.last_error
+        st.connected = False
+        st.last_error, st.last_error_at = error, self.clock()
+        delay = self.rng.uniform(0, min(self.backoff_cap_s, self.backoff_base_s * 2**self._attempt))
+        self._attempt = min(self._attempt + 1, 32)
+        self._retry_at = self.monotonic() + max(delay, retry_after)
+        if first:
+            log.warning("backend unreachable (%s); spooling batches", error)
+        return Outcome.TRANSIENT
+
+
+def _server_message(resp: httpx.Response) -> str:
+    try:
+        detail = resp.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    text = str(detail) if detail is not None else resp.text
+    return " ".join(text.split())[:300] or resp.reason_phrase
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    try:
+        return min(max(float(resp.headers.get("Retry-After", 0)), 0.0), 300.0)
+    except ValueError:
+        return 0.0  # an HTTP-date: fall back to our own backoff

@@ -1,0 +1,302 @@
+"""The uplink against an in-process fake backend (httpx.MockTransport) that validates every
+body with the real wire decoder. The real-HTTP test against the real backend lives with
+the backend tests."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.config import AgentConfig
+from agent.outbox import Outbox
+from agent.spool import Spool
+from agent.uplink import Uplink
+from agent.wire import MAX_BODY_BYTES, MAX_SAMPLES, Batch, Event, GpuSample, decode_batch
+
+T0 = 1_700_000_000.0
+
+
+class Backend:
+    """A fake ingest endpoint; `mode` says how it answers."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.batches: list[Batch] = []
+        self.requests: list[httpx.Request] = []
+        self.received_at = T0 + 3.0
+        self._lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            self.requests.append(request)
+        if self.mode == "down":
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        if self.mode == "503":
+            return httpx.Response(503, json={"detail": "database unavailable"})
+        if self.mode == "429":
+            return httpx.Response(429, headers={"Retry-After": "7"}, json={"detail": "slow down"})
+        if self.mode == "401":
+            return httpx.Response(401, json={"detail": "invalid token"})
+        if self.mode == "422":
+            return httpx.Response(422, json={"detail": "Expected `str` - at `$.node`"})
+        b = decode_batch(request.content)
+        with self._lock:
+            duplicate = any((x.agent_id, x.seq) == (b.agent_id, b.seq) for x in self.batches)
+            self.batches.append(b)
+        return httpx.Response(
+            200,
+            json={
+                "seq": b.seq,
+                "duplicate": duplicate,
+                "stored_samples": len(b.samples),
+                "stored_events": len(b.events),
+                "stored_steps": len(b.steps),
+                "received_at": self.received_at,
+            },
+        )
+
+    def seqs(self) -> list[tuple[str, int]]:
+        return [(b.agent_id, b.seq) for b in self.batches]
+
+    def events(self) -> list[Event]:
+        return [e for b in self.batches for e in b.events]
+
+
+class Clock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def config(tmp_path: Path, **kw) -> AgentConfig:
+    kw.setdefault("interval", 1.0)
+    return AgentConfig(
+        node="node-1", server="http://backend:8000/", token="tok-1", spool_dir=tmp_path, **kw
+    )
+
+
+def uplink(tmp_path: Path, backend: Backend, outbox: Outbox | None = None, **kw):
+    mono = Clock(100.0)
+    cfg = config(tmp_path, simulate=kw.pop("simulate", None), interval=kw.pop("interval", 1.0))
+    up = Uplink(
+        cfg,
+        outbox if outbox is not None else Outbox(),
+        transport=httpx.MockTransport(backend),
+        monotonic=mono,
+        clock=lambda: T0,
+        rng=random.Random(0),
+        backoff_cap_s=kw.pop("backoff_cap_s", 5.0),
+        **kw,
+    )
+    return up, mono
+
+
+def samples(n: int, t: float = T0) -> list[GpuSample]:
+    return [GpuSample(uuid="GPU-a", ts=t + i * 0.001, util=50.0) for i in range(n)]
+
+
+def test_a_tick_posts_one_batch_with_token_and_identity(tmp_path: Path):
+    backend = Backend()
+    up, _ = uplink(tmp_path, backend, simulate=2)
+    up.outbox.put_samples(samples(3))
+    up.tick()
+    (req,) = backend.requests
+    assert req.url == "http://backend:8000/api/v1/ingest"
+    assert req.headers["authorization"] == "Bearer tok-1"
+    (b,) = backend.batches
+    assert (b.node, b.seq, b.sent_at, b.simulated, len(b.samples)) == ("node-1", 1, T0, True, 3)
+    assert b.agent_id == up.agent_id and len(up.agent_id) == 32
+    st = up.stats()
+    assert (st.batches_sent, st.samples_sent, st.connected) == (1, 3, True)
+    assert st.clock_offset_s == pytest.approx(3.0)
+
+
+def test_seq_counts_up_across_ticks_and_splits(tmp_path: Path):
+    backend = Backend()
+    up, _ = uplink(tmp_path, backend)
+    up.outbox.put_samples(samples(MAX_SAMPLES * 2 + 5))
+    up.tick()
+    up.outbox.put_samples(samples(1))
+    up.tick()
+    assert [s for _, s in backend.seqs()] == [1, 2, 3, 4]
+    assert [len(b.samples) for b in backend.batches] == [MAX_SAMPLES, MAX_SAMPLES, 5, 1]
+
+
+def test_a_body_over_the_size_limit_is_split(tmp_path: Path):
+    backend = Backend()
+    up, _ = uplink(tmp_path, backend)
+    for i in range(2048):
+        up.outbox.put_event(Event(kind="log", ts=T0 + i, message="x" * 4096))
+    up.tick()
+    assert len(backend.batches) >= 2
+    assert sum(len(b.events) for b in backend.batches) == 2048
+    assert all(len(r.content) <= MAX_BODY_BYTES for r in backend.requests)
+
+
+def test_spooled_batches_replay_in_order_when_the_backend_returns(tmp_path: Path):
+    backend = Backend()
+    up, mono = uplink(tmp_path, backend)
+    backend.mode = "down"
+    for t in range(3):
+        up.outbox.put_samples(samples(2, T0 + t))
+        up.tick()
+        mono.t += 1.0
+    assert backend.batches == [] and len(up.spool) == 3
+    st = up.stats()
+    assert not st.connected and "ConnectError" in st.last_error and st.backlog == 3
+    backend.mode = "ok"
+    mono.t += 60  # past any backoff
+    up.outbox.put_samples(samples(2, T0 + 10))
+    up.tick()
+    assert [s for _, s in backend.seqs()] == [1, 2, 3, 4]
+    assert len(up.spool) == 0 and up.stats().batches_replayed == 4
+
+
+def test_no_retry_before_the_backoff_expires(tmp_path: Path):
+    backend = Backend()
+    up, mono = uplink(tmp_path, backend)
+    backend.mode = "503"
+    up.outbox.put_samples(samples(1))
+    up.tick()
+    assert len(backend.requests) == 1 and len(up.spool) == 1
+    backend.mode = "ok"
+    up.outbox.put_samples(samples(1))
+    up._retry_at = mono.t + 10  # a backoff in force
+    up.tick()
+    assert len(backend.requests) == 1 and len(up.spool) == 2  # waited; kept the order
+    mono.t += 10
+    up.tick()
+    assert [s for _, s in backend.seqs()] == [1, 2]
+
+
+def test_429_honours_retry_after(tmp_path: Path):
+    backend = Backend()
+    up, mono = uplink(tmp_path, backend)
+    backend.mode = "429"
+    up.outbox.put_samples(samples(1))
+    up.tick()
+    assert up._retry_at >= mono.t + 7 and len(up.spool) == 1
+
+
+def test_a_permanent_4xx_drops_that_batch_once_with_the_server_message(tmp_path, caplog):
+    backend = Backend()
+    up, _ = uplink(tmp_path, backend)
+    backend.mode = "422"
+    up.outbox.put_samples(samples(1))
+    with caplog.at_level(logging.ERROR, logger="agent.uplink"):
+        up.tick()
+    assert len(backend.requests) == 1 and len(up.spool) == 0
+    assert up.stats().batches_rejected == 1
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "422" in line and "Expected `str` - at `$.node`" in line
+    backend.mode = "ok"
+    up.outbox.put_samples(samples(1))
+    up.tick()
+    assert backend.seqs() == [(up.agent_id, 2)]
+
+
+def test_a_bad_token_keeps_the_data_for_when_it_is_fixed(tmp_path: Path):
+    backend = Backend()
+    up, mono = uplink(tmp_path, backend)
+    backend.mode = "401"
+    up.outbox.put_samples(samples(1))
+    up.tick()
+    assert len(up.spool) == 1 and "check the agent token" in up.stats().last_error
+    backend.mode = "ok"
+    mono.t += 60
+    up.tick()
+    assert [s for _, s in backend.seqs()] == [1]
+
+
+def test_batches_of_a_previous_agent_process_are_sent_first(tmp_path: Path):
+    backend = Backend()
+    old, _ = uplink(tmp_path, backend)
+    backend.mode = "down"
+    for _ in range(2):
+        old.outbox.put_samples(samples(1))
+        old.tick()
+    old.close()
+    backend.mode = "ok"
+    new, _ = uplink(tmp_path, backend)
+    assert new.agent_id != old.agent_id
+    new.outbox.put_samples(samples(1))
+    new.tick()
+    assert backend.seqs() == [(old.agent_id, 1), (old.agent_id, 2), (new.agent_id, 1)]
+
+
+def test_a_spool_overflow_is_reported_as_spool_gap_after_reconnecting(tmp_path: Path):
+    backend = Backend()
+    batch_size = 50 * len(b'{"uuid":"GPU-a","ts":1700000000.001,"util":50.0},')
+    spool = Spool(tmp_path, batch_size * 3)
+    up, mono = uplink(tmp_path / "unused", backend, spool=spool)
+    backend.mode = "down"
+    for t in range(6):
+        up.outbox.put_samples(samples(50, T0 + t))
+        up.tick()
+    backend.mode = "ok"
+    mono.t += 60
+    up.tick()  # replays what is left and queues the report
+    up.tick()
+    (gap,) = [e for e in backend.events() if e.kind == "spool_gap"]
+    assert gap.data["samples"] >= 150 and gap.data["from"] == T0
+    assert up.stats().records_dropped == gap.data["samples"]
+
+
+def test_outbox_overflow_is_reported_too(tmp_path: Path):
+    backend = Backend()
+    up, _ = uplink(tmp_path, backend, outbox=Outbox(max_records=5))
+    up.outbox.put_samples(samples(8))
+    up.tick()
+    (b,) = backend.batches
+    assert len(b.samples) == 5
+    (gap,) = b.events
+    assert gap.kind == "spool_gap" and gap.data == {"records": 3, "where": "outbox"}
+
+
+def test_an_invalid_record_is_dropped_not_the_batch(tmp_path: Path):
+    backend = Backend()
+    up, _ = uplink(tmp_path, backend)
+    up.outbox.put_samples([GpuSample(uuid="GPU-a", ts=T0, util=150.0), *samples(2)])
+    up.outbox.put_event(Event(kind="log", ts=T0, job="bad job name!"))
+    up.tick()
+    (b,) = backend.batches
+    assert len(b.samples) == 2 and b.events == []
+    assert up.stats().records_invalid == 2
+
+
+def test_an_urgent_event_is_sent_before_the_next_tick(tmp_path: Path, wait_for):
+    backend = Backend()
+    outbox = Outbox()
+    up = Uplink(config(tmp_path, interval=3600), outbox, transport=httpx.MockTransport(backend))
+    up.start()
+    try:
+        wait_for(lambda: backend.batches, what="the first (heartbeat) batch")
+        outbox.put_event(Event(kind="xid", ts=time.time(), xid=79), urgent=True)
+        wait_for(lambda: any(e.xid == 79 for e in backend.events()), what="the urgent xid")
+    finally:
+        up.stop()
+    assert [s for _, s in backend.seqs()] == list(range(1, len(backend.batches) + 1))
+
+
+def test_stop_flushes_the_outbox_once_and_spools_what_cannot_go(tmp_path: Path):
+    backend = Backend()
+    outbox = Outbox()
+    up = Uplink(config(tmp_path, interval=3600), outbox, transport=httpx.MockTransport(backend))
+    outbox.put_samples(samples(4))
+    up.stop()  # never started: the flush happens in the caller
+    assert sum(len(b.samples) for b in backend.batches) == 4
+
+    backend.mode = "down"
+    up2 = Uplink(config(tmp_path, interval=3600), outbox, transport=httpx.MockTransport(backend))
+    outbox.put_samples(samples(4))
+    up2.start()
+    up2.stop()
+    assert len(up2.spool) == 1 and len(list(tmp_path.glob("*.batch"))) == 1
