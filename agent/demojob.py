@@ -1,0 +1,169 @@
+"""Start the demo training job: two NVRx ft_launchers x 2 ranks that stand for two nodes.
+
+Each launcher's workers talk to their own agent (one socket per imitated node, through
+TRAINGUARD_AGENT_SOCKET); both launchers meet in a c10d rendezvous on 127.0.0.1; the
+Wrapper's store is the one hosted at `store_port` (by the first node's agent, or
+`python -m agent.storehost`). The launcher flags are the ones measured in
+docs/restarts.md.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_SCRIPT = ROOT / "examples" / "train_demo.py"
+
+
+def free_port(low: int = 20000, high: int = 32000) -> int:
+    """A free TCP port below the ephemeral range (for the rendezvous and the store)."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below 32768")
+
+
+def launcher_command(
+    nnodes: int,
+    nproc_per_node: int,
+    rdzv_port: int,
+    job: str,
+    max_restarts: int,
+    train_args: list[str],
+) -> list[str]:
+    launcher = Path(sys.executable).with_name("ft_launcher")
+    head = (
+        [str(launcher)]
+        if launcher.exists()
+        else [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher"]
+    )
+    return [
+        *head,
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{rdzv_port}",
+        "--rdzv-id",
+        job,
+        "--max-restarts",
+        str(max_restarts),
+        "--monitor-interval",
+        "0.5",
+        "--workers-stop-timeout",
+        "5",
+        "--ft-restart-policy",
+        "min-healthy",
+        "--ft-enable-nic-monitor",
+        "false",
+        "--ft-initial-rank-heartbeat-timeout",
+        "60",
+        "--ft-rank-heartbeat-timeout",
+        "20",
+        "--ft-workload-check-interval",
+        "1",
+        str(TRAIN_SCRIPT),
+        *train_args,
+    ]
+
+
+def launch(
+    workdir: str | os.PathLike[str],
+    agent_sockets: list[str],
+    store_port: int,
+    *,
+    job: str = "demo",
+    steps: int = 2000,
+    ckpt_every: int = 20,
+    nproc_per_node: int = 2,
+    max_restarts: int = 3,
+    faults: int = 0,
+    fault_seed: int = 42,
+    fault_after_step: int = 10,
+    fault_kinds: str | None = None,
+    fault_min_gap: int = 1,
+    fault_rank: int | None = None,
+    step_sleep: float = 0.0,
+    rdzv_port: int | None = None,
+    store_host: str = "127.0.0.1",
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> list[subprocess.Popen[bytes]]:
+    """One ft_launcher per agent socket (= per imitated node); returns the launchers.
+    Their output goes to <workdir>/launcher-<i>.log."""
+    work = Path(workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    rdzv_port = rdzv_port or free_port()
+    train_args = [
+        "--steps",
+        str(steps),
+        "--ckpt-every",
+        str(ckpt_every),
+        "--workdir",
+        str(work),
+        "--job",
+        job,
+        "--store-host",
+        store_host,
+        "--store-port",
+        str(store_port),
+        "--step-sleep",
+        str(step_sleep),
+    ]
+    if faults:
+        train_args += [
+            "--faults",
+            str(faults),
+            "--fault-seed",
+            str(fault_seed),
+            "--fault-after-step",
+            str(fault_after_step),
+            "--fault-min-gap",
+            str(fault_min_gap),
+        ]
+        if fault_rank is not None:
+            train_args += ["--fault-rank", str(fault_rank)]
+        if fault_kinds:
+            train_args += ["--fault-kinds", fault_kinds]
+    train_args += extra_args or []
+    procs = []
+    for i, sock in enumerate(agent_sockets):
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        child_env.update(
+            TRAINGUARD_AGENT_SOCKET=sock,
+            TRAINGUARD_JOB=job,
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")])),
+            PYTHONUNBUFFERED="1",
+        )
+        cmd = launcher_command(
+            len(agent_sockets), nproc_per_node, rdzv_port, job, max_restarts, train_args
+        )
+        log = open(work / f"launcher-{i}.log", "ab")  # noqa: SIM115 - owned by the child
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=str(work),
+                env=child_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        log.close()
+    return procs

@@ -1,0 +1,515 @@
+"""The agent's side of the SDK channel: a Unix datagram socket the training ranks talk to.
+
+`LocalServer(agent)` is an agent component (start/stop). It keeps the table of this node's
+training ranks (pid, rank, local rank, world size, attempt, iteration, last step, last
+heartbeat), turns SDK messages into wire records in `agent.outbox`, and watches the ranks:
+
+- a rank's process is gone (or a zombie waiting to be reaped): an urgent `rank_exit` event
+  at once, with the exit code or signal when /proc still shows it;
+- heartbeats continue but no step completes for longer than
+  max(hang_min_s, hang_factor x the rank's recent step interval): an urgent `hang` event;
+- the pid is alive but heartbeats stopped: an urgent `heartbeat_lost` event.
+
+The executor uses `request_restart` to reach the ranks and `wait_until` to follow them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from agent.sdk import default_socket_path
+from agent.wire import Event, RankStatus, StepReport
+
+T = TypeVar("T")
+
+
+@dataclass
+class ProcInfo:
+    state: str  # one letter, "Z" for a zombie
+    start_ticks: int
+    exit_status: int  # waitpid-style status, meaningful for a zombie
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    """What /proc says about a pid; None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    rest = raw[raw.rfind(")") + 2 :].split()  # fields after "pid (comm)"
+    try:
+        return ProcInfo(state=rest[0], start_ticks=int(rest[19]), exit_status=int(rest[49]))
+    except (IndexError, ValueError):
+        return ProcInfo(state=rest[0] if rest else "?", start_ticks=0, exit_status=0)
+
+
+@dataclass
+class RankRecord:
+    pid: int
+    job: str
+    rank: int
+    local_rank: int = 0
+    world_size: int = 1
+    attempt: int = 0
+    iteration: int = 0
+    ppid: int = 0
+    addr: Any = None
+    start_ticks: int = 0
+    registered_at: float = 0.0
+    last_heartbeat: float | None = None
+    last_step: int | None = None
+    last_step_end: float | None = None
+    steps_this_iteration: int = 0
+    first_step_end_this_iteration: float | None = None
+    iteration_started_at: float = 0.0
+    progress_mono: float = 0.0  # monotonic time of the last step (or of the iteration start)
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=16))
+    alive: bool = True
+    exited_at: float | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    clean_exit: bool = False
+    hang_reported: bool = False
+    in_checkpoint: bool = False
+    restarting: bool = False  # an exception was reported; no hang checks until re-entry
+    finished: bool = False
+    heartbeat_lost_reported: bool = False
+    restart_raised: dict[str, float] = field(default_factory=dict)  # request id -> ts
+
+
+class LocalServer:
+    def __init__(
+        self,
+        agent: Any,
+        socket_path: str | None = None,
+        check_interval: float = 0.1,
+        hang_factor: float = 10.0,
+        hang_min_s: float = 2.0,
+        hang_first_step_s: float = 120.0,
+        heartbeat_timeout_s: float = 10.0,
+        keep_exited_s: float = 60.0,
+    ) -> None:
+        self.agent = agent
+        cfg = getattr(agent, "config", None)
+        self.socket_path = str(
+            socket_path or getattr(cfg, "socket_path", None) or default_socket_path()
+        )
+        self.check_interval = check_interval
+        self.hang_factor = hang_factor
+        self.hang_min_s = hang_min_s
+        self.hang_first_step_s = hang_first_step_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.keep_exited_s = keep_exited_s
+        self.ranks: dict[int, RankRecord] = {}
+        self._by_addr: dict[Any, int] = {}
+        self._attempts: dict[str, int] = {}
+        self.unknown_messages = 0
+        self.cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+
+    # --- component life cycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        sock.bind(self.socket_path)
+        sock.settimeout(self.check_interval)
+        self._sock = sock
+        self.agent.outbox.ranks_provider = self.rank_statuses
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="tg-local", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._sock is not None:
+            self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        assert self._sock is not None
+        next_check = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                data, addr = self._sock.recvfrom(65536)
+            except TimeoutError:
+                data, addr = b"", None
+            except OSError:
+                if self._stop.is_set():
+                    return
+                raise
+            if data:
+                try:
+                    msg = json.loads(data)
+                except ValueError:
+                    self.unknown_messages += 1
+                    msg = None
+                if isinstance(msg, dict):
+                    with self.cond:
+                        self._handle(msg, addr)
+                        self.cond.notify_all()
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + self.check_interval
+                with self.cond:
+                    self._check(now)
+                    self.cond.notify_all()
+
+    def _put_event(
+        self,
+        kind: str,
+        rec: RankRecord | None,
+        urgent: bool = False,
+        message: str = "",
+        ts: float | None = None,
+        **data: Any,
+    ) -> None:
+        self.agent.outbox.put_event(
+            Event(
+                kind=kind,  # type: ignore[arg-type]
+                ts=ts if ts is not None else time.time(),
+                job=rec.job if rec else None,
+                rank=rec.rank if rec else None,
+                message=message[:4096],
+                data={k: v for k, v in data.items() if v is not None},
+            ),
+            urgent=urgent,
+        )
+
+    def _handle(self, msg: dict[str, Any], addr: Any) -> None:
+        kind = msg.get("t")
+        if kind in ("hello", "heartbeat", "iteration", "bye"):
+            self._identity(msg, addr)
+            return
+        if kind == "inject_xid":
+            self._inject_xid(msg)
+            return
+        pid = self._by_addr.get(addr)
+        rec = self.ranks.get(pid) if pid is not None else None
+        if rec is None:
+            self.unknown_messages += 1
+            return
+        if kind == "step":
+            self._step(rec, int(msg["s"]), float(msg["a"]), float(msg["b"]))
+        elif kind == "interrupted":
+            rec.restarting = True
+        elif kind == "exception":
+            for other in self.job_ranks(rec.job):
+                other.restarting = True
+            self._put_event(
+                "exception",
+                rec,
+                urgent=True,
+                ts=msg.get("ts"),
+                message=f"{msg.get('type')}: {msg.get('message')}\n{msg.get('traceback', '')}",
+                type=str(msg.get("type"))[:256],
+                step=msg.get("step"),
+                pid=rec.pid,
+            )
+        elif kind == "checkpoint":
+            phase = str(msg.get("phase", ""))
+            rec.in_checkpoint = phase.endswith("_start")
+            if not rec.in_checkpoint:
+                rec.progress_mono = time.monotonic()
+            self._put_event(
+                "checkpoint",
+                rec,
+                ts=msg.get("ts"),
+                message=f"checkpoint {msg.get('phase')} step {msg.get('step')}",
+                phase=str(msg.get("phase"))[:64],
+                step=msg.get("step"),
+                blocking_s=msg.get("blocking_s"),
+                ok=msg.get("ok"),
+            )
+        elif kind == "restart_raised":
+            rec.restart_raised[str(msg.get("id", ""))] = float(msg.get("ts") or time.time())
+            self._put_event(
+                "restart",
+                rec,
+                ts=msg.get("ts"),
+                message="restart raised in rank",
+                phase="raised",
+                request=str(msg.get("id", ""))[:64],
+            )
+        elif kind == "restart_received":
+            pass
+        elif kind == "finished":
+            rec.finished = True
+        elif kind == "log":
+            self._put_event("log", rec, ts=msg.get("ts"), message=str(msg.get("message", "")))
+        else:
+            self.unknown_messages += 1
+
+    def _identity(self, msg: dict[str, Any], addr: Any) -> None:
+        pid = int(msg["pid"])
+        now = time.time()
+        rec = self.ranks.get(pid)
+        info = proc_info(pid)
+        if (
+            rec is not None
+            and info is not None
+            and rec.start_ticks
+            and info.start_ticks != rec.start_ticks
+        ):
+            rec = None  # the pid was reused by a new process
+        if rec is None:
+            rec = RankRecord(
+                pid=pid,
+                job=str(msg["job"]),
+                rank=int(msg["rank"]),
+                start_ticks=info.start_ticks if info else 0,
+                registered_at=now,
+                iteration_started_at=now,
+                progress_mono=time.monotonic(),
+            )
+            self.ranks[pid] = rec
+            rec.local_rank = int(msg.get("local_rank", 0))
+            rec.world_size = int(msg.get("world_size", 1))
+            rec.attempt = int(msg.get("attempt", 0))
+            rec.iteration = int(msg.get("iteration", 0))
+            self._put_event(
+                "rank_start",
+                rec,
+                message=f"rank {rec.rank} pid {pid} registered",
+                pid=pid,
+                local_rank=rec.local_rank,
+                world_size=rec.world_size,
+                attempt=rec.attempt,
+                iteration=rec.iteration,
+            )
+            known = self._attempts.get(rec.job)
+            if known is not None and rec.attempt > known:
+                self._put_event(
+                    "restart",
+                    rec,
+                    message=f"launcher restart: attempt {rec.attempt}",
+                    level="launcher",
+                    attempt=rec.attempt,
+                )
+            if known is None or rec.attempt > known:
+                self._attempts[rec.job] = rec.attempt
+        if addr is not None:
+            if rec.addr is not None and rec.addr != addr:
+                self._by_addr.pop(rec.addr, None)
+            rec.addr = addr
+            self._by_addr[addr] = pid
+        iteration = int(msg.get("iteration", rec.iteration))
+        if iteration != rec.iteration:
+            self._put_event(
+                "restart",
+                rec,
+                message=f"in-process restart: iteration {iteration}",
+                level="in_process",
+                iteration=iteration,
+                previous=rec.iteration,
+            )
+            rec.iteration = iteration
+            rec.steps_this_iteration = 0
+            rec.first_step_end_this_iteration = None
+            rec.iteration_started_at = now
+            rec.progress_mono = time.monotonic()
+            rec.intervals.clear()
+            rec.last_step_end = None
+            rec.hang_reported = False
+            rec.restarting = False
+        rec.rank = int(msg.get("rank", rec.rank))
+        rec.world_size = int(msg.get("world_size", rec.world_size))
+        rec.ppid = int(msg.get("ppid", rec.ppid))
+        rec.last_heartbeat = float(msg.get("ts") or now)
+        rec.heartbeat_lost_reported = False
+        if msg.get("t") == "bye":
+            rec.clean_exit = True
+
+    def _step(self, rec: RankRecord, n: int, start: float, end: float) -> None:
+        if rec.last_step_end is not None and end > rec.last_step_end:
+            rec.intervals.append(end - rec.last_step_end)
+        rec.last_step = n
+        rec.last_step_end = end
+        rec.steps_this_iteration += 1
+        if rec.first_step_end_this_iteration is None:
+            rec.first_step_end_this_iteration = end
+        rec.progress_mono = time.monotonic()
+        if rec.hang_reported:
+            rec.hang_reported = False
+            self._put_event("log", rec, message=f"rank {rec.rank} progresses again at step {n}")
+        self.agent.outbox.put_step(
+            StepReport(
+                job=rec.job,
+                rank=rec.rank,
+                step=n,
+                start=start,
+                end=end,
+                attempt=rec.attempt,
+                iteration=rec.iteration,
+            )
+        )
+
+    def _inject_xid(self, msg: dict[str, Any]) -> None:
+        sim = getattr(self.agent, "simulated", None)
+        gpu, code = int(msg.get("gpu", 0)), int(msg.get("xid", 0))
+        text = str(msg.get("message") or f"injected XID {code}")
+        if sim is None:
+            self._put_event(
+                "log",
+                None,
+                message=f"XID {code} injection on GPU {gpu} refused: "
+                "this agent does not simulate GPUs",
+            )
+            return
+        sim.inject_xid(gpu, code, text)
+
+    # --- periodic checks ----------------------------------------------------------------
+
+    def hang_threshold(self, rec: RankRecord) -> float:
+        """A rank needs a few steps in an iteration before its pace is known; until then
+        the (long) first-step allowance applies, covering process group setup and loads."""
+        if len(rec.intervals) < 2:
+            return max(self.hang_min_s, self.hang_first_step_s)
+        return max(self.hang_min_s, self.hang_factor * statistics.median(rec.intervals))
+
+    def _check(self, mono: float) -> None:
+        now = time.time()
+        for pid, rec in list(self.ranks.items()):
+            if not rec.alive:
+                if rec.exited_at is not None and now - rec.exited_at > self.keep_exited_s:
+                    del self.ranks[pid]
+                    self._by_addr.pop(rec.addr, None)
+                continue
+            info = proc_info(pid)
+            if (
+                info is None
+                or info.state in ("Z", "X")
+                or (rec.start_ticks and info.start_ticks != rec.start_ticks)
+            ):
+                self._exited(rec, info if info is not None and info.state == "Z" else None, now)
+                continue
+            hb_age = now - rec.last_heartbeat if rec.last_heartbeat else 0.0
+            if hb_age > self.heartbeat_timeout_s:
+                if not rec.heartbeat_lost_reported:
+                    rec.heartbeat_lost_reported = True
+                    self._put_event(
+                        "heartbeat_lost",
+                        rec,
+                        urgent=True,
+                        message=f"rank {rec.rank} pid {pid}: no heartbeat for {hb_age:.1f} s",
+                        pid=pid,
+                        age_s=round(hb_age, 3),
+                    )
+                continue
+            if rec.finished or rec.clean_exit or rec.in_checkpoint or rec.restarting:
+                continue
+            stalled = mono - rec.progress_mono
+            threshold = self.hang_threshold(rec)
+            if stalled > threshold and not rec.hang_reported:
+                rec.hang_reported = True
+                self._put_event(
+                    "hang",
+                    rec,
+                    urgent=True,
+                    message=f"rank {rec.rank} pid {pid}: alive, heartbeating, no step "
+                    f"for {stalled:.1f} s (threshold {threshold:.1f} s)",
+                    pid=pid,
+                    last_step=rec.last_step,
+                    stalled_s=round(stalled, 3),
+                    threshold_s=round(threshold, 3),
+                )
+
+    def _exited(self, rec: RankRecord, zombie: ProcInfo | None, now: float) -> None:
+        rec.alive = False
+        rec.exited_at = now
+        if zombie is not None:
+            status = zombie.exit_status
+            if status & 0x7F:
+                rec.exit_signal = status & 0x7F
+            else:
+                rec.exit_code = (status >> 8) & 0xFF
+        how = (
+            f"signal {rec.exit_signal}"
+            if rec.exit_signal is not None
+            else f"exit code {rec.exit_code}"
+            if rec.exit_code is not None
+            else "exit status unknown"
+        )
+        self._put_event(
+            "rank_exit",
+            rec,
+            urgent=True,
+            message=f"rank {rec.rank} pid {rec.pid} exited ({how})",
+            pid=rec.pid,
+            exit_code=rec.exit_code,
+            signal=rec.exit_signal,
+            clean=rec.clean_exit,
+            last_step=rec.last_step,
+        )
+
+    # --- queries and actions (for the executor) -----------------------------------------
+
+    def rank_statuses(self) -> list[RankStatus]:
+        with self.cond:
+            return [
+                RankStatus(
+                    job=r.job,
+                    rank=r.rank,
+                    pid=r.pid,
+                    local_rank=r.local_rank,
+                    world_size=max(1, r.world_size),
+                    attempt=r.attempt,
+                    iteration=r.iteration,
+                    last_heartbeat=r.last_heartbeat,
+                    last_step=r.last_step,
+                    alive=r.alive,
+                )
+                for r in self.ranks.values()
+            ][:1024]
+
+    def job_ranks(self, job: str, alive_only: bool = True) -> list[RankRecord]:
+        """The records of a job's ranks (call under `cond` when consistency matters)."""
+        return [r for r in self.ranks.values() if r.job == job and (r.alive or not alive_only)]
+
+    def wait_until(self, fn: Callable[[], T | None], timeout: float) -> T | None:
+        """Evaluate fn under the table lock after every change until it returns non-None."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                value = fn()
+                if value is not None:
+                    return value
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(min(left, self.check_interval))
+
+    def request_restart(self, job: str, request_id: str, reason: str = "") -> list[int]:
+        """Send an in-process restart request to the job's live ranks; returns their pids."""
+        data = json.dumps({"t": "restart", "job": job, "id": request_id, "reason": reason}).encode()
+        sent = []
+        with self.cond:
+            targets = [(r.pid, r.addr) for r in self.job_ranks(job) if r.addr is not None]
+        for pid, addr in targets:
+            try:
+                assert self._sock is not None
+                self._sock.sendto(data, socket.MSG_DONTWAIT, addr)
+                sent.append(pid)
+            except OSError:
+                continue
+        return sent

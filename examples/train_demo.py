@@ -1,0 +1,293 @@
+"""trainguard's demo training job: a small MLP on synthetic data, data parallel on gloo,
+under NVRx's in-process Wrapper and ft_launcher, with seeded faults.
+
+Run by agent/demojob.py (two ft_launchers x 2 ranks stand for two nodes), or by hand:
+
+    ft_launcher --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:29500 --rdzv-id demo --max-restarts 3 \
+        examples/train_demo.py --store-port 29600 --workdir /tmp/tg-demo
+
+The measured configuration (docs/restarts.md, reference nvrx-on-cpu.md):
+- the Wrapper's store is a client of a TCPStore hosted outside the ranks (the agent, or
+  `python -m agent.storehost`), so rank 0 faults are survivable;
+- finalize releases gloo: destroy the process groups, clear the frames of the failed call's
+  exception chain, gc.collect() (a peer blocked in a gloo receive is released only when the
+  gloo context is destroyed);
+- short gloo timeouts; a fresh application store prefix per generation and iteration;
+- RetryController(min_world_size=full world): a lost rank ends the Wrapper and the launcher
+  restarts the worker group, which resumes from the newest complete DCP checkpoint;
+- `dcp.async_save` every N steps on its own gloo group, so saving does not block training.
+"""
+
+import argparse
+import contextlib
+import datetime
+import gc
+import io
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from nvidia_resiliency_ext import inprocess
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from agent import faults, sdk, storehost
+
+td = datetime.timedelta
+
+
+def _gather_objects_without_numpy() -> None:
+    """torch.distributed's object collectives (used by DCP to gather save plans) decode
+    bytes through numpy; when numpy is not installed, decode them without it."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        c10d = dist.distributed_c10d
+
+        def _tensor_to_object(tensor, tensor_size, group):  # type: ignore[no-untyped-def]
+            buf = bytes(tensor.cpu()[: int(tensor_size)].tolist())
+            return c10d._unpickler(io.BytesIO(buf)).load()
+
+        c10d._tensor_to_object = _tensor_to_object
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--ckpt-every", type=int, default=20)
+    p.add_argument("--workdir", default="/tmp/trainguard-demo")
+    p.add_argument("--job", default=None, help="job id (default: TORCHELASTIC_RUN_ID)")
+    p.add_argument("--store-host", default="127.0.0.1")
+    p.add_argument("--store-port", type=int, default=storehost.DEFAULT_PORT)
+    p.add_argument(
+        "--min-world-size",
+        type=int,
+        default=0,
+        help="smallest world the Wrapper continues with (0: the full world)",
+    )
+    p.add_argument("--gloo-timeout", type=float, default=5.0)
+    p.add_argument("--soft-timeout", type=float, default=15.0)
+    p.add_argument("--hard-timeout", type=float, default=25.0)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32)
+    faults.add_arguments(p)
+    return p.parse_args(argv)
+
+
+class ReleaseGloo(inprocess.finalize.Finalize):
+    """Finalize that makes a restart fast on gloo: drop every reference to the gloo
+    contexts so their sockets close and blocked peers are released."""
+
+    def __init__(self, holder: dict) -> None:
+        self.holder = holder
+
+    def __call__(self, state):  # type: ignore[no-untyped-def]
+        self.holder.pop("ckpt_pg", None)
+        self.holder.pop("pending", None)  # an unfinished async save of the failed iteration
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):  # already aborted
+                dist.destroy_process_group()
+        exc = state.fn_exception
+        seen = set()
+        while exc is not None and id(exc) not in seen:
+            seen.add(id(exc))
+            if exc.__traceback__ is not None:
+                traceback.clear_frames(exc.__traceback__)
+            exc = exc.__cause__ or exc.__context__
+        gc.collect()
+        return state
+
+
+def newest_checkpoint(root: Path) -> int:
+    """The step of the newest complete checkpoint (one with .metadata), -1 if none."""
+    best = -1
+    if root.is_dir():
+        for d in root.glob("step_*"):
+            if (d / ".metadata").exists():
+                try:
+                    best = max(best, int(d.name.split("_")[1]))
+                except ValueError:
+                    continue
+    return best
+
+
+def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)  # the same initial replica on every rank
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, args.hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, args.hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, 1),
+    )
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def batch(step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step * 1009 + rank)
+    x = torch.randn(size, 32, generator=g)
+    return x, x[:, :4].sum(dim=1, keepdim=True)
+
+
+def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = None):  # type: ignore[no-untyped-def]
+    iteration = call_wrapper.iteration if call_wrapper is not None else 0
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    tg.restart_iteration(iteration, rank=rank, world_size=world)
+    timeout = td(seconds=args.gloo_timeout)
+    store = storehost.app_store(args.store_host, args.store_port, iteration, job=tg.job)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    ckpt_pg = dist.new_group(backend="gloo", timeout=td(seconds=max(30.0, args.gloo_timeout)))
+    mem["ckpt_pg"] = ckpt_pg
+    ckpt_root = Path(args.workdir) / "checkpoints"
+
+    # Continue from memory when every rank holds the same step, else from disk.
+    mine = mem["step"] if mem.get("model") is not None else -1
+    t = torch.tensor([mine, -mine], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    lo, hi = int(t[0]), -int(t[1])
+    if lo == hi and lo >= 0:
+        model, opt, step = mem["model"], mem["opt"], mem["step"]
+        source = "memory"
+    else:
+        model, opt = build(args)
+        chosen = torch.tensor([newest_checkpoint(ckpt_root) if rank == 0 else -1])
+        dist.broadcast(chosen, src=0)
+        step = int(chosen[0])
+        if step >= 0:
+            with tg.checkpoint("restore", step):
+                msd, osd = get_state_dict(model, opt)
+                sd = {"model": msd, "optim": osd}
+                dcp.load(
+                    sd, checkpoint_id=str(ckpt_root / f"step_{step:06d}"), process_group=ckpt_pg
+                )
+                # dcp.load filled msd and osd in place
+                set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+            source = f"checkpoint step {step}"
+        else:
+            step, source = 0, "scratch"
+        mem.update(model=model, opt=opt, step=step)
+    print(
+        f"[demo] rank {rank}/{world} pid {os.getpid()} attempt {tg.attempt} iteration "
+        f"{iteration}: step {step} from {source}",
+        flush=True,
+    )
+
+    params = [p for p in model.parameters()]
+    last_s = None
+    while step < args.steps:
+        with tg.step(step):
+            t0 = time.perf_counter()
+            injector.before_step(step, rank, last_s)
+            x, y = batch(step, rank, args.batch)
+            opt.zero_grad(set_to_none=False)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(flat)
+            flat /= world
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p))
+                offset += n
+            opt.step()
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            if call_wrapper is not None:
+                call_wrapper.ping()
+            last_s = time.perf_counter() - t0
+        step += 1
+        mem["step"] = step
+        if step % args.ckpt_every == 0:
+            pending = mem.pop("pending", None)
+            if pending is not None:
+                pending.result()  # the previous save finished before the next starts
+            with tg.checkpoint("save", step):
+                msd, osd = get_state_dict(model, opt)
+                mem["pending"] = dcp.async_save(
+                    {"model": msd, "optim": osd},
+                    checkpoint_id=str(ckpt_root / f"step_{step:06d}"),
+                    process_group=ckpt_pg,
+                )
+        if rank == 0 and step % 50 == 0:
+            print(f"[demo] step {step} loss {loss.item():.4f}", flush=True)
+    tg.finished()
+    pending = mem.pop("pending", None)
+    if pending is not None:
+        pending.result()
+    dist.barrier()
+    dist.destroy_process_group()
+    mem.pop("ckpt_pg", None)
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    _gather_objects_without_numpy()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tg = sdk.attach(job=args.job)
+    plan = faults.plan_from_args(args, args.steps, world) if args.faults else []
+    injector = faults.Injector(
+        plan,
+        Path(args.workdir) / "faults",
+        session=tg,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+    )
+    mem: dict = {}
+    logdir = Path(args.workdir).resolve() / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    wrapper = inprocess.Wrapper(
+        store_factory=storehost.AgentStore,
+        store_kwargs=storehost.store_kwargs(args.store_host, args.store_port, job=tg.job),
+        initialize=inprocess.initialize.RetryController(
+            min_world_size=args.min_world_size or world,
+        ),
+        finalize=ReleaseGloo(mem),
+        monitor_thread_interval=td(seconds=0.1),
+        monitor_process_interval=td(seconds=0.1),
+        progress_watchdog_interval=td(seconds=0.1),
+        heartbeat_interval=td(seconds=0.5),
+        last_call_wait=td(seconds=0.1),
+        soft_timeout=td(seconds=args.soft_timeout),
+        hard_timeout=td(seconds=args.hard_timeout),
+        heartbeat_timeout=td(seconds=10),
+        barrier_timeout=td(seconds=60),
+        completion_timeout=td(seconds=60),
+        termination_grace_time=td(seconds=2),
+        monitor_process_logfile=str(logdir / f"monitor-{tg.attempt}-{{rank}}.log"),
+    )
+
+    def reported(*a, **kw):  # type: ignore[no-untyped-def]
+        try:
+            return train(*a, **kw)
+        except Exception as exc:
+            tg.report_exception(exc)
+            raise
+        except BaseException as exc:  # NVRx's RankShouldRestart: a peer failed
+            tg.report_interrupted(type(exc).__name__)
+            raise
+
+    # The Wrapper passes its CallWrapper to an argument annotated with the class (a real
+    # annotation, not a string: this module does not use `from __future__ import annotations`).
+    def fn(call_wrapper: inprocess.CallWrapper | None = None):  # type: ignore[no-untyped-def]
+        return reported(args, tg, injector, mem, call_wrapper=call_wrapper)
+
+    final = wrapper(fn)()
+    print(f"[demo] rank {tg.rank} done at step {final}", flush=True)
+    tg.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
