@@ -22,6 +22,8 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+bench_app = typer.Typer(help="Benchmarks (results go to docs/benchmarks.md).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -137,6 +139,27 @@ def db_downgrade(
     settings = _settings(database_url=database_url, data_dir=data_dir, demo=True)
     _run_migration(lambda: db.downgrade(settings.url, revision), settings.url)
     typer.echo(f"database at {revision}")
+
+
+@bench_app.command("ingest")
+def bench_ingest(
+    nodes: Annotated[int, typer.Option(min=1, help="simulated nodes")] = 256,
+    gpus: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node")] = 8,
+    duration: Annotated[float, typer.Option(min=1, help="seconds of load")] = 30,
+    period: Annotated[float, typer.Option(min=0.01, help="seconds between a node's batches")] = 1,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="load generator processes")] = 1,
+    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
+    data_dir: Annotated[Path, typer.Option()] = Path("data/bench"),
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8311,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """Sustained end-to-end ingest: load generators -> HTTP -> one backend -> database."""
+    from backend.bench.ingest import run
+
+    report = run(nodes, gpus, duration, period, workers, database_url, data_dir, port, json_out)
+    width = max(len(k) for k in report)
+    for k, v in report.items():
+        typer.echo(f"{k:<{width}}  {v}")
 
 
 def _run_migration(fn, url: str) -> None:  # type: ignore[no-untyped-def]

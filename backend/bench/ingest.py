@@ -1,0 +1,277 @@
+"""`trainguard bench ingest`: sustained end-to-end ingest through a real backend process.
+
+Load generators (separate processes, asyncio + httpx keep-alive connections) play N nodes
+of G simulated GPUs each, one batch per node per period (1 s = real-time), against one
+`trainguard server` process on a loopback port. Reported: samples/s stored (counted in the
+database, not just sent), ingest latency p50/p99, backend CPU and RSS, and on PostgreSQL the
+raw limit (binary COPY of the same rows, no HTTP) measured in the same run for the ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TOKEN = "bench-token-0123456789abcdef"
+
+
+class _Conn:
+    """A minimal HTTP/1.1 keep-alive client on asyncio streams: the load generator must
+    cost far less CPU than the server it measures (httpx's async client did not)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> int:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        await self.writer.drain()
+        status_line = await self.reader.readline()
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        await self.reader.readexactly(length)
+        return int(status_line.split()[1])
+
+
+def _gen_worker(
+    url: str, nodes: list[str], gpus: int, period: float, duration: float, out: Any
+) -> None:
+    from agent import wire
+
+    host, port = url.removeprefix("http://").split(":")
+
+    async def node_loop(
+        pool: asyncio.Queue[_Conn], node: str, lat: list[float], err: list[int]
+    ) -> None:
+        agent_id = f"bench{random.getrandbits(40):010x}"
+        uuids = [f"GPU-bench-{node}-{i}" for i in range(gpus)]
+        inventory = [wire.GpuInfo(uuid=u, index=i) for i, u in enumerate(uuids)]
+        seq = 0
+        await asyncio.sleep(random.random() * period)
+        end = time.monotonic() + duration
+        nxt = time.monotonic()
+        while time.monotonic() < end:
+            seq += 1
+            now = time.time()
+            batch = wire.Batch(
+                node=node,
+                agent_id=agent_id,
+                seq=seq,
+                sent_at=now,
+                simulated=True,
+                gpus=inventory if seq == 1 else None,
+                samples=[
+                    wire.GpuSample(
+                        uuid=u,
+                        ts=now,
+                        util=random.uniform(80, 100),
+                        mem_util=40.0,
+                        mem_used_mib=60000.0,
+                        temp_c=random.uniform(55, 75),
+                        power_w=650.0,
+                        sm_clock_mhz=1980.0,
+                        mem_clock_mhz=2619.0,
+                        ecc_sbe_volatile=0,
+                        ecc_dbe_volatile=0,
+                        pcie_replay=0,
+                    )
+                    for u in uuids
+                ],
+            )
+            body = wire.encode(batch)
+            conn = await pool.get()
+            t0 = time.perf_counter()
+            try:
+                status = await conn.post("/api/v1/ingest", body)
+                if status == 200:
+                    lat.append(time.perf_counter() - t0)
+                else:
+                    err.append(status)
+            except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                err.append(0)
+                conn.writer = None
+            finally:
+                pool.put_nowait(conn)
+            nxt += period
+            await asyncio.sleep(max(0.0, nxt - time.monotonic()))
+
+    async def main() -> None:
+        lat: list[float] = []
+        err: list[int] = []
+        pool: asyncio.Queue[_Conn] = asyncio.Queue()
+        for _ in range(min(64, len(nodes))):
+            pool.put_nowait(_Conn(host, int(port)))
+        await asyncio.gather(*(node_loop(pool, n, lat, err) for n in nodes))
+        out.put({"lat": lat, "errors": len(err)})
+
+    asyncio.run(main())
+
+
+def _rss_cpu(pid: int) -> tuple[float, float]:
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return rss, cpu
+
+
+def _count(url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        n = int(conn.execute(text("SELECT COUNT(*) FROM samples")).scalar_one())
+    engine.dispose()
+    return n
+
+
+def raw_copy_rate(url: str, rows: int = 200_000) -> float:
+    """Binary COPY of sample-shaped rows straight into PostgreSQL, rows/s."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from backend.ingest.writer import _PG_TYPES, SAMPLE_COLUMNS
+
+    u = make_url(url)
+    conninfo = u.set(drivername="postgresql").render_as_string(hide_password=False)
+    data = [
+        (
+            1,
+            time.time() + i,
+            90.0,
+            40.0,
+            6e4,
+            8e4,
+            60.0,
+            None,
+            650.0,
+            None,
+            1980.0,
+            2619.0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            False,
+            False,
+            0,
+        )
+        for i in range(rows)
+    ]
+    with psycopg.connect(conninfo) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TEMP TABLE bench_raw (LIKE samples INCLUDING DEFAULTS)")
+        t0 = time.perf_counter()
+        with cur.copy(
+            f"COPY bench_raw ({', '.join(SAMPLE_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+        ) as copy:
+            copy.set_types(_PG_TYPES)
+            for r in data:
+                copy.write_row(r)
+        conn.commit()
+        return rows / (time.perf_counter() - t0)
+
+
+def run(
+    nodes: int,
+    gpus: int,
+    duration: float,
+    period: float,
+    workers: int,
+    database_url: str | None,
+    data_dir: Path,
+    port: int,
+    out_json: Path | None,
+) -> dict[str, Any]:
+    from backend import db
+    from backend.demo import wait_ready
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    url = database_url or f"sqlite:///{(data_dir / 'bench.db').resolve()}"
+    if url.startswith("sqlite"):
+        Path(url.split("///", 1)[1]).unlink(missing_ok=True)
+    db.upgrade(url)
+    before = _count(url)
+    env = {**os.environ, "TRAINGUARD_ADMIN_TOKEN": TOKEN, "TRAINGUARD_DATABASE_URL": url}
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "server",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, proc=server)
+        names = [f"bench-{i:05d}" for i in range(nodes)]
+        q: Any = mp.get_context("spawn").Queue()
+        procs = [
+            mp.get_context("spawn").Process(
+                target=_gen_worker, args=(base, names[w::workers], gpus, period, duration, q)
+            )
+            for w in range(workers)
+        ]
+        _, cpu0 = _rss_cpu(server.pid)
+        t0 = time.monotonic()
+        for p in procs:
+            p.start()
+        results = [q.get() for _ in procs]
+        for p in procs:
+            p.join()
+        elapsed = time.monotonic() - t0
+        rss, cpu1 = _rss_cpu(server.pid)
+    finally:
+        server.terminate()
+        server.wait(30)
+    stored = _count(url) - before
+    lat = sorted(x for r in results for x in r["lat"])
+    report: dict[str, Any] = {
+        "database": url.split(":", 1)[0],
+        "nodes": nodes,
+        "gpus_per_node": gpus,
+        "offered_samples_per_s": nodes * gpus / period,
+        "duration_s": round(elapsed, 1),
+        "stored_samples": stored,
+        "stored_samples_per_s": round(stored / elapsed),
+        "batches_ok": len(lat),
+        "errors": sum(r["errors"] for r in results),
+        "latency_p50_ms": round(1000 * statistics.median(lat), 1) if lat else None,
+        "latency_p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 1) if lat else None,
+        "backend_cpu_pct_of_core": round(100 * (cpu1 - cpu0) / elapsed, 1),
+        "backend_rss_mib": round(rss, 1),
+    }
+    if url.startswith("postgresql"):
+        raw = raw_copy_rate(url)
+        report["raw_copy_rows_per_s"] = round(raw)
+        report["ingest_over_raw"] = round(report["stored_samples_per_s"] / raw, 3)
+    if out_json:
+        out_json.write_text(json.dumps(report, indent=2))
+    return report
