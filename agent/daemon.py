@@ -257,6 +257,7 @@ def main(cfg: AgentConfig, setup: Callable[[Agent], Any] | None = None) -> int:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     try:
         agent = build_agent(cfg)
     except AgentSetupError as exc:

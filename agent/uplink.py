@@ -10,6 +10,7 @@ it is logged once with the server's message and dropped.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import random
@@ -17,6 +18,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
+from email.utils import parsedate_to_datetime
 from importlib import metadata
 from typing import Any
 
@@ -414,12 +416,15 @@ class Uplink:
         try:
             result = resp.json()
         except ValueError:
-            return
+            result = None
+        received = result.get("received_at") if isinstance(result, dict) else None
         if isinstance(result, dict):
             st.duplicates += bool(result.get("duplicate"))
-            received = result.get("received_at")
-            if isinstance(received, int | float):
-                self._clock_offset(float(received) - mid)
+        if isinstance(received, int | float):
+            self._clock_offset(float(received) - mid)
+        elif "date" in resp.headers:  # 1 s resolution: a hint only
+            with contextlib.suppress(TypeError, ValueError):
+                self._clock_offset(parsedate_to_datetime(resp.headers["date"]).timestamp() - mid)
 
     def _clock_offset(self, offset: float) -> None:
         self._stats.clock_offset_s = offset

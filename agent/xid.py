@@ -120,7 +120,7 @@ def parse_kmsg_line(line: str) -> XidRecord | None:
     """One kernel log line (dmesg, syslog or /dev/kmsg record) -> XidRecord, or None."""
     if "NVRM:" not in line:
         return None
-    line = line.rstrip("\r\n")
+    line = line.split("\n", 1)[0].rstrip("\r")  # a /dev/kmsg record may carry " KEY=VALUE" lines
     m = _XID_RE.search(line)
     if m:
         pid: int | None = None

@@ -8,6 +8,7 @@ import logging
 import random
 import threading
 import time
+from email.utils import formatdate
 from pathlib import Path
 
 import httpx
@@ -45,6 +46,8 @@ class Backend:
             return httpx.Response(401, json={"detail": "invalid token"})
         if self.mode == "422":
             return httpx.Response(422, json={"detail": "Expected `str` - at `$.node`"})
+        if self.mode == "bare":  # an older or proxied backend: no JSON, a Date header
+            return httpx.Response(200, headers={"Date": formatdate(T0 + 10, usegmt=True)})
         b = decode_batch(request.content)
         with self._lock:
             duplicate = any((x.agent_id, x.seq) == (b.agent_id, b.seq) for x in self.batches)
@@ -117,6 +120,15 @@ def test_a_tick_posts_one_batch_with_token_and_identity(tmp_path: Path):
     st = up.stats()
     assert (st.batches_sent, st.samples_sent, st.connected) == (1, 3, True)
     assert st.clock_offset_s == pytest.approx(3.0)
+
+
+def test_without_received_at_the_date_header_hints_the_clock_offset(tmp_path: Path):
+    backend = Backend()
+    backend.mode = "bare"
+    up, _ = uplink(tmp_path, backend)
+    up.tick()
+    st = up.stats()
+    assert st.batches_sent == 1 and st.clock_offset_s == pytest.approx(10.0)
 
 
 def test_seq_counts_up_across_ticks_and_splits(tmp_path: Path):

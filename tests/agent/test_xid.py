@@ -94,6 +94,11 @@ LINES = [
             "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
         ),
     ),
+    (  # a /dev/kmsg record with its continuation lines
+        "6,1234,5678,-;NVRM: Xid (PCI:0000:18:00): 45, pid=10, name=python, Ch 00000010\n"
+        " SUBSYSTEM=pci\n DEVICE=+pci:0000:18:00.0\n",
+        XidRecord(45, "0000:18:00", 10, "python", "Ch 00000010"),
+    ),
     (  # XID 79 without an "Xid" token
         "NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.",
         XidRecord(79, "0000:18:00", message="GPU has fallen off the bus."),
