@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     @field_validator("admin_token")
     @classmethod
     def _token_strength(cls, v: str | None) -> str | None:
+        if v == "":
+            return None  # an empty variable means "not set"
         if v is not None and len(v) < 16:
             raise ValueError("TRAINGUARD_ADMIN_TOKEN must be at least 16 characters")
         return v
