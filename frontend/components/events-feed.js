@@ -1,0 +1,111 @@
+// The recent-events feed: newest first, loaded from GET /events and then prepended live
+// from `event` SSE events. Used by the overview (all nodes) and the node view (one node).
+import { apiGet } from "../api.js";
+import { emptyState, errorBox, h, replace } from "../lib/dom.js";
+import { shortUuid, timeEl } from "../lib/format.js";
+
+const BAD = new Set(["xid", "gpu_lost", "rank_exit", "exception", "hang", "heartbeat_lost"]);
+const WARN = new Set(["straggler", "spool_gap", "restart", "command"]);
+
+function severity(kind) {
+  if (BAD.has(kind)) return "bad";
+  if (WARN.has(kind)) return "warn";
+  return "info";
+}
+
+function newestFirst(a, b) {
+  return b.ts - a.ts || (b.id ?? 0) - (a.id ?? 0);
+}
+
+const keyOf = (event) => event.id ?? `${event.node}/${event.ts}/${event.kind}`;
+
+function renderEvent(event, { showNode }) {
+  const xid = event.xid ?? event.data?.xid ?? null;
+  const where = [];
+  if (event.gpu_uuid) {
+    where.push(h("span", { class: "muted", title: event.gpu_uuid }, shortUuid(event.gpu_uuid)));
+  }
+  if (event.job) {
+    const rank = event.rank === null || event.rank === undefined ? "" : ` rank ${event.rank}`;
+    where.push(h("span", { class: "muted" }, `job ${event.job}${rank}`));
+  }
+  return h(
+    "li",
+    {
+      class: `event sev-${severity(event.kind)}`,
+      dataset: { eventId: String(event.id ?? ""), kind: event.kind },
+    },
+    timeEl(event.ts, { className: "event-time" }),
+    h("span", { class: "event-kind" }, event.kind),
+    showNode && event.node
+      ? h("a", { class: "event-node", href: `#/nodes/${encodeURIComponent(event.node)}` }, event.node)
+      : null,
+    xid === null ? null : h("strong", { class: "xid", title: "NVIDIA XID error code" }, `XID ${xid}`),
+    where,
+    event.message ? h("span", { class: "event-message" }, event.message) : null,
+  );
+}
+
+/**
+ * Mount the feed into root. ctx: {stream, signal}. Options: node (only this node's
+ * events), limit. Returns a cleanup function.
+ */
+export function mountEventsFeed(root, ctx, { node = null, limit = 50 } = {}) {
+  const list = h("ol", { class: "events", "aria-label": "recent events" });
+  const status = h("div", { class: "events-status" });
+  replace(root, status, list);
+  let events = [];
+  const seen = new Set();
+  let loaded = false;
+
+  function add(batch) {
+    for (const event of batch) {
+      const key = keyOf(event);
+      if (seen.has(key)) continue;
+      seen.add(key);
+      events.push(event);
+    }
+    events.sort(newestFirst);
+    if (events.length > limit) {
+      for (const dropped of events.slice(limit)) seen.delete(keyOf(dropped));
+      events = events.slice(0, limit);
+    }
+    render();
+  }
+
+  function render() {
+    if (loaded && events.length === 0) {
+      replace(status, emptyState(node ? "No events from this node yet." : "No events yet."));
+    } else if (loaded) {
+      replace(status);
+    }
+    replace(list, events.map((event) => renderEvent(event, { showNode: !node })));
+  }
+
+  async function load() {
+    try {
+      const batch = await apiGet("events", { limit, node }, { signal: ctx.signal });
+      loaded = true;
+      add(batch);
+    } catch (error) {
+      if (error.name === "AbortError") return;
+      replace(status, errorBox("Could not load events", error));
+    }
+  }
+
+  replace(status, h("p", { class: "muted" }, "Loading events\u2026"));
+  load();
+  const offEvent = ctx.stream.on("event", (event) => {
+    if (node && event.node !== node) return;
+    loaded = true;
+    add([event]);
+  });
+  // Events stored while the stream was down are not replayed: fetch them after a reconnect.
+  const offState = ctx.stream.onState((_state, { reconnected }) => {
+    if (reconnected) load();
+  });
+  return () => {
+    offEvent();
+    offState();
+  };
+}

@@ -1,0 +1,108 @@
+// Formatting shared by the views: times (local on screen, UTC on hover), readings and
+// the small badges for health and simulated sources.
+import { h } from "./dom.js";
+
+const pad = (n, width = 2) => String(n).padStart(width, "0");
+
+function sameLocalDay(a, b) {
+  return (
+    a.getFullYear() === b.getFullYear() &&
+    a.getMonth() === b.getMonth() &&
+    a.getDate() === b.getDate()
+  );
+}
+
+/** Local wall time: "14:03:07" today, "2026-11-28 14:03:07" on another day. */
+export function localTime(ts) {
+  const d = new Date(ts * 1000);
+  const clock = `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  if (sameLocalDay(d, new Date())) return clock;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${clock}`;
+}
+
+/** "2026-11-29 13:03:07.250 UTC" */
+export function utcTime(ts) {
+  return new Date(ts * 1000).toISOString().replace("T", " ").replace("Z", " UTC");
+}
+
+/** <time> in local time with the UTC instant in its title; "never" for a missing time. */
+export function timeEl(ts, { className = "" } = {}) {
+  if (ts === null || ts === undefined) return h("span", { class: "muted" }, "never");
+  return h(
+    "time",
+    {
+      class: className || null,
+      datetime: new Date(ts * 1000).toISOString(),
+      title: utcTime(ts),
+      dataset: { ts: String(ts) },
+    },
+    localTime(ts),
+  );
+}
+
+const DASH = "\u2014";
+
+export function pct(value, digits = 0) {
+  return value === null || value === undefined ? DASH : `${Number(value).toFixed(digits)} %`;
+}
+
+export function celsius(value) {
+  return value === null || value === undefined ? DASH : `${Math.round(value)} \u00b0C`;
+}
+
+export function mib(used, total) {
+  if (used === null || used === undefined) return total ? `${DASH} / ${gib(total)}` : DASH;
+  return total ? `${gib(used)} / ${gib(total)}` : gib(used);
+}
+
+function gib(valueMib) {
+  return `${(valueMib / 1024).toFixed(1)} GiB`;
+}
+
+export function watts(value) {
+  return value === null || value === undefined ? DASH : `${Math.round(value)} W`;
+}
+
+export function seconds(value) {
+  if (value === null || value === undefined) return DASH;
+  const v = Math.abs(value) < 0.005 ? 0 : Number(value); // no "-0.00 s"
+  return `${v.toFixed(2)} s`;
+}
+
+// Worst first: the overview lists problems at the top.
+export const STATUS_ORDER = ["down", "degraded", "cordoned", "healthy"];
+
+const STATUS_HINT = {
+  healthy: "reporting, no open faults",
+  degraded: "reporting, with a fault or a warning on the node",
+  down: "the agent stopped reporting",
+  cordoned: "taken out of scheduling by an operator or the policy",
+};
+
+/** Health as colour and text (never colour alone). */
+export function statusBadge(status) {
+  const known = STATUS_ORDER.includes(status) ? status : "unknown";
+  return h(
+    "span",
+    { class: `status status-${known}`, title: STATUS_HINT[known] ?? "unknown status" },
+    h("span", { class: "dot", "aria-hidden": "true" }),
+    status ?? "unknown",
+  );
+}
+
+export function simulatedBadge() {
+  return h(
+    "span",
+    {
+      class: "badge badge-simulated",
+      title: "readings come from the simulated collector, not from real hardware",
+    },
+    "simulated",
+  );
+}
+
+/** "GPU-3b1c5e2a…9f0a21": long UUIDs shortened for tables; the full one goes in a title. */
+export function shortUuid(uuid) {
+  if (!uuid || uuid.length <= 24) return uuid ?? "";
+  return `${uuid.slice(0, 12)}\u2026${uuid.slice(-6)}`;
+}
