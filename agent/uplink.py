@@ -100,7 +100,7 @@ def _valid_records(records: list[Any], tp: type, errors: list[str]) -> list[Any]
         try:
             _DECODERS[tp].decode(encode(r))
         except msgspec.ValidationError as exc:
-            errors.append(f"{tp.__name__}: {exc}")
+            errors.append(f"{tp.__name__}: {exc}")  # one entry per invalid record
             continue
         out.append(r)
     return out
@@ -305,7 +305,6 @@ class Uplink:
         except msgspec.ValidationError:
             pass
         errors: list[str] = []
-        before = part.records()
         part = _Part(
             _valid_records(part.samples, GpuSample, errors),
             _valid_records(part.events, Event, errors),
@@ -313,12 +312,8 @@ class Uplink:
             _valid_records(part.gpus, GpuInfo, errors) if part.gpus is not None else None,
             _valid_records(part.ranks, RankStatus, errors) if part.ranks is not None else None,
         )
-        self._stats.records_invalid += max(1, before - part.records())
-        log.warning(
-            "dropped %d invalid records (first: %s)",
-            max(1, before - part.records()),
-            errors[0] if errors else "?",
-        )
+        self._stats.records_invalid += len(errors)
+        log.warning("dropped %d invalid records (first: %s)", len(errors), errors[:1])
         return part
 
     def _numbered(self, part: _Part) -> Batch:
