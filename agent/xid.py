@@ -150,14 +150,14 @@ def parse_kmsg_line(line: str) -> XidRecord | None:
 class XidDedup:
     """First report of (gpu, xid) within `window_s` wins; later ones are duplicates."""
 
-    def __init__(self, window_s: float = 10.0, clock: object = time.monotonic) -> None:
+    def __init__(self, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._window = window_s
         self._clock = clock
         self._seen: dict[tuple[str, int], float] = {}
         self._lock = threading.Lock()
 
     def first(self, gpu_key: str | None, xid: int) -> bool:
-        now: float = self._clock()  # type: ignore[operator]
+        now = self._clock()
         key = (gpu_key or "?", xid)
         with self._lock:
             if len(self._seen) > 4096:
