@@ -376,7 +376,10 @@ class LocalServer:
                 "this agent does not simulate GPUs",
             )
             return
-        sim.inject_xid(gpu, code, text)
+        try:
+            sim.inject_xid(gpu, code, text)
+        except (ValueError, IndexError) as exc:
+            self._put_event("log", None, message=f"XID {code} injection on GPU {gpu}: {exc}")
 
     # --- periodic checks ----------------------------------------------------------------
 

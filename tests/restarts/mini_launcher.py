@@ -1,0 +1,62 @@
+"""A worker launcher without torch (the role ft_launcher plays): keeps `--nproc` copies of
+rank_script.py running and starts a fresh one, with the next restart count, whenever one
+exits. The executor must end workers, never this process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    nproc = int(sys.argv[1])
+    extra = sys.argv[2:]
+    stop = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    restarts = 0
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def spawn(local_rank: int) -> None:
+        env = dict(
+            os.environ,
+            RANK=str(local_rank),
+            LOCAL_RANK=str(local_rank),
+            WORLD_SIZE=str(nproc),
+            TORCHELASTIC_RESTART_COUNT=str(restarts),
+        )
+        procs[local_rank] = subprocess.Popen(
+            [sys.executable, str(HERE / "rank_script.py"), *extra], env=env
+        )
+
+    for r in range(nproc):
+        spawn(r)
+    while not stop:
+        dead = [r for r, p in procs.items() if p.poll() is not None]
+        if dead:  # like a launcher: restart the whole worker group
+            restarts += 1
+            for p in procs.values():
+                if p.poll() is None:
+                    p.terminate()
+            for p in procs.values():
+                p.wait()
+            for r in range(nproc):
+                spawn(r)
+        time.sleep(0.05)
+    for p in procs.values():
+        p.terminate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The command executor against a stand-in backend transport, with real rank processes
+and a real (torch-free) launcher."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from agent.executor import CommandLoop
+from agent.wire import Ack, Command
+from tests.support import wait_for
+
+from .conftest import HERE
+
+RANK = str(HERE / "rank_script.py")
+LAUNCHER = str(HERE / "mini_launcher.py")
+
+
+class BackendStandIn:
+    """The two command endpoints, in memory: what the backend would serve."""
+
+    def __init__(self) -> None:
+        self.pending: queue.Queue[Command] = queue.Queue()
+        self.acks: list[tuple[str, Ack]] = []
+        self.polls = 0
+        self._lock = threading.Lock()
+
+    def poll(self, node: str, wait: float) -> list[Command]:
+        self.polls += 1
+        try:
+            return [self.pending.get(timeout=min(wait, 0.2))]
+        except queue.Empty:
+            return []
+
+    def ack(self, command_id: str, ack: Ack) -> None:
+        with self._lock:
+            self.acks.append((command_id, ack))
+
+    def phases(self, command_id: str) -> list[str]:
+        with self._lock:
+            return [a.phase for cid, a in self.acks if cid == command_id]
+
+    def times(self, command_id: str) -> list[float]:
+        with self._lock:
+            return [a.ts for cid, a in self.acks if cid == command_id]
+
+
+def command(cid: str, action: str, **params: float) -> Command:
+    return Command(
+        id=cid,
+        job="job1",
+        action=action,
+        node="n1",
+        issued_at=time.time(),  # type: ignore[arg-type]
+        reason="test",
+        params=params,
+    )
+
+
+def test_in_process_command_is_acked_phase_by_phase_and_runs_once(
+    make_node, spawn, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    ranks = [spawn([RANK], node.local.socket_path, RANK=str(r)) for r in (0, 1)]
+    wait_for(
+        lambda: all(
+            (node.local.ranks.get(p.pid) or None) and node.local.ranks[p.pid].last_step
+            for p in ranks
+        ),
+        timeout=20,
+    )
+    backend = BackendStandIn()
+    loop = CommandLoop(node.agent, node.local, transport=backend, node="n1", spool_dir=tmp_path)
+    loop.start()
+    try:
+        backend.pending.put(command("c1", "in_process"))
+        wait_for(lambda: backend.phases("c1")[-1:] == ["resumed"], timeout=30)
+        assert backend.phases("c1") == ["delivered", "torn_down", "restarted", "resumed"]
+        ts = backend.times("c1")
+        assert ts == sorted(ts)
+        assert all(node.local.ranks[p.pid].iteration == 1 for p in ranks)
+        # re-delivered after a reconnect: acked again, not run again
+        backend.pending.put(command("c1", "in_process"))
+        wait_for(lambda: len(backend.phases("c1")) == 5, timeout=10)
+        assert backend.acks[-1][1].detail == "already executed"
+    finally:
+        loop.stop()
+    # a restarted agent remembers it too (the spool directory)
+    again = CommandLoop(node.agent, node.local, transport=backend, node="n1", spool_dir=tmp_path)
+    assert again.handle(command("c1", "in_process")) is None
+    assert all(node.local.ranks[p.pid].iteration == 1 for p in ranks)
+
+
+def test_launcher_command_ends_the_workers_not_the_launcher(make_node, spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    launcher = spawn([LAUNCHER, "2"], node.local.socket_path)
+    wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
+    old = {r.pid for r in node.local.job_ranks("job1")}
+    backend = BackendStandIn()
+    loop = CommandLoop(node.agent, node.local, transport=backend, node="n1", spool_dir=tmp_path)
+    loop.start()
+    try:
+        backend.pending.put(command("c2", "launcher", grace_s=2.0))
+        wait_for(lambda: backend.phases("c2")[-1:] in (["resumed"], ["failed"]), timeout=40)
+        assert backend.phases("c2") == ["delivered", "torn_down", "restarted", "resumed"]
+        assert launcher.poll() is None  # the launcher lives on
+        new = {r.pid for r in node.local.job_ranks("job1")}
+        assert len(new) == 2 and not new & old
+        assert {r.attempt for r in node.local.job_ranks("job1")} == {1}
+        assert [e for e in node.kinds("restart") if e.data.get("level") == "launcher"]
+    finally:
+        loop.stop()
+
+
+def test_a_command_for_a_job_without_ranks_here_fails_with_a_reason(make_node, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    backend = BackendStandIn()
+    loop = CommandLoop(node.agent, node.local, transport=backend, node="n1", spool_dir=tmp_path)
+    t = loop.handle(command("c3", "in_process"))
+    assert t is not None
+    t.join(10)
+    assert backend.phases("c3") == ["delivered", "failed"]
+    assert "no live rank" in backend.acks[-1][1].detail

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agent import faults
+
+
+def test_same_seed_gives_the_same_plan() -> None:
+    a = faults.plan(5, 42, 10, 2000, 4)
+    assert a == faults.plan(5, 42, 10, 2000, 4)
+    assert a != faults.plan(5, 43, 10, 2000, 4)
+
+
+def test_faults_never_hit_rank_0_and_come_after_the_given_step() -> None:
+    for seed in range(50):
+        plan = faults.plan(5, seed, 10, 200, 4)
+        assert len(plan) == 5
+        assert all(f.rank in (1, 2, 3) for f in plan)
+        assert all(10 <= f.step < 200 for f in plan)
+        assert [f.step for f in plan] == sorted({f.step for f in plan})
+
+
+def test_kinds_follow_the_weights_given() -> None:
+    plan = faults.plan(20, 1, 0, 100, 4, faults.parse_kinds("sigkill"))
+    assert {f.kind for f in plan} == {"sigkill"}
+    with pytest.raises(ValueError, match="unknown fault kind"):
+        faults.parse_kinds("meteor")
+
+
+def test_min_gap_spaces_the_faults() -> None:
+    plan = faults.plan(5, 7, 10, 500, 4, min_gap=40)
+    steps = [f.step for f in plan]
+    assert all(b - a >= 40 for a, b in itertools.pairwise(steps))
+
+
+def test_a_fault_fires_once_per_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    plan = [faults.Fault(index=0, step=3, rank=1, kind="exception")]
+    inj = faults.Injector(plan, tmp_path)
+    inj.before_step(2, 1)
+    with pytest.raises(faults.InjectedFault):
+        inj.before_step(3, 1)
+    # a replay of the step (restart from a checkpoint), even in a new process, does not fire
+    faults.Injector(plan, tmp_path).before_step(3, 1)

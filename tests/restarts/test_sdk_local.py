@@ -1,0 +1,101 @@
+"""The SDK and the agent's SDK server, with real rank processes (no torch)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from agent import sdk
+from tests.support import wait_for
+
+from .conftest import HERE
+
+RANK = str(HERE / "rank_script.py")
+
+
+def test_without_an_agent_the_step_hook_drops_and_counts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tg = sdk.attach(
+        job="j", rank=0, socket_path=str(tmp_path / "nobody.sock"), install_signal_handler=False
+    )
+    try:
+        for n in range(100):
+            with tg.step(n):
+                pass
+        assert tg.dropped >= 100
+        assert tg.last_step == 99
+    finally:
+        tg.close()
+
+
+def test_steps_and_rank_status_reach_the_outbox(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    p = spawn([RANK, "--steps", "20"], node.local.socket_path, RANK="3", WORLD_SIZE="4")
+    # not reaped yet: the agent reads the exit status of the zombie, as with a launcher
+    exits = wait_for(lambda: node.kinds("rank_exit"), timeout=30)
+    assert p.wait(timeout=5) == 0
+    assert exits[0].data["exit_code"] == 0 and exits[0].data["clean"] is True
+    assert sorted(s.step for s in node.steps) == list(range(20))
+    assert {(s.job, s.rank) for s in node.steps} == {("job1", 3)}
+    assert node.kinds("rank_start")[0].data["world_size"] == 4
+    (status,) = node.agent.outbox.ranks_provider()  # type: ignore[misc]
+    assert (status.rank, status.pid, status.last_step, status.alive) == (3, p.pid, 19, False)
+
+
+def test_a_hang_is_detected_while_heartbeats_continue(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(hang_min_s=0.5, hang_factor=10.0)
+    p = spawn([RANK, "--hang-at", "15", "--step-s", "0.02"], node.local.socket_path)
+    (hang,) = wait_for(lambda: node.kinds("hang"), timeout=30)
+    rec = node.local.ranks[p.pid]
+    assert hang.data["last_step"] == 14 and rec.last_step == 14
+    assert time.time() - (rec.last_heartbeat or 0) < 1.0  # alive and heartbeating
+    assert p.poll() is None
+    assert not node.kinds("heartbeat_lost") and not node.kinds("rank_exit")
+
+
+def test_a_rank_exit_is_reported_with_its_code_or_signal(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    a = spawn([RANK, "--exit-at", "5", "--exit-code", "3"], node.local.socket_path, RANK="0")
+    b = spawn([RANK], node.local.socket_path, RANK="1")
+    wait_for(lambda: b.pid in node.local.ranks and node.local.ranks[b.pid].last_step, timeout=20)
+    b.send_signal(signal.SIGKILL)
+    exits = wait_for(lambda: len(node.kinds("rank_exit")) == 2 and node.kinds("rank_exit"), 20)
+    by_rank = {e.rank: e for e in exits}
+    assert by_rank[0].data["exit_code"] == 3
+    assert by_rank[1].data["signal"] == signal.SIGKILL
+    assert all(e.ts > 0 for e in exits)
+    a.wait(5), b.wait(5)
+
+
+def test_a_restart_request_is_raised_at_the_next_step_boundary(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    p = spawn([RANK], node.local.socket_path)
+    wait_for(lambda: (node.local.ranks.get(p.pid) or None) and node.local.ranks[p.pid].last_step)
+    assert node.local.request_restart("job1", "req-1", "test") == [p.pid]
+    wait_for(lambda: node.local.ranks[p.pid].iteration == 1, timeout=10)
+    assert "req-1" in node.local.ranks[p.pid].restart_raised
+    (restart,) = [e for e in node.kinds("restart") if e.data.get("level") == "in_process"]
+    assert restart.data["iteration"] == 1
+    assert node.local.request_restart("other-job", "req-2") == []
+
+
+def test_a_rank_stuck_in_a_long_step_is_interrupted_by_a_signal(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    p = spawn([RANK, "--long-step-at", "10", "--signal-after", "0.3"], node.local.socket_path)
+    wait_for(lambda: p.pid in node.local.ranks and node.local.ranks[p.pid].last_step == 9, 20)
+    t0 = time.monotonic()
+    node.local.request_restart("job1", "req-long")
+    wait_for(lambda: node.local.ranks[p.pid].iteration == 1, timeout=15)
+    assert time.monotonic() - t0 < 15  # the step itself would have lasted 30 s
+    wait_for(lambda: (node.local.ranks[p.pid].last_step or 0) >= 10, timeout=10)  # redone
+
+
+def test_an_xid_posted_through_the_socket_reaches_the_simulated_gpus(make_node) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    tg = sdk.attach(job="j", socket_path=node.local.socket_path, install_signal_handler=False)
+    try:
+        tg.inject_xid(1, 79, "fault injection")
+        (xid,) = wait_for(lambda: node.kinds("xid"), timeout=10)
+        assert xid.xid == 79 and xid.gpu_uuid == node.agent.simulated.gpus[1].uuid
+        assert node.agent.simulated.is_lost(1)
+    finally:
+        tg.close()
