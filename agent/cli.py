@@ -62,7 +62,14 @@ def server(
     from backend.app import create_app
 
     settings = _settings(database_url=database_url, data_dir=data_dir)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    # Open SSE streams would hold a shutdown forever: give connections 3 s to finish.
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=3,
+    )
 
 
 @app.command()
@@ -93,7 +100,17 @@ def agent(
     except ValidationError as exc:
         err = exc.errors()[0]
         fail(f"bad agent setting {'.'.join(str(p) for p in err['loc'])}: {err['msg']}")
-    raise typer.Exit(agent_main(cfg))
+    raise typer.Exit(agent_main(cfg, setup=_add_local_components))
+
+
+def _add_local_components(agent_obj) -> None:  # type: ignore[no-untyped-def]
+    """The SDK socket server (ranks, steps, heartbeats) and the command executor."""
+    from agent.executor import CommandLoop
+    from agent.local import LocalServer
+
+    local = LocalServer(agent_obj)
+    agent_obj.add_component(local)
+    agent_obj.add_component(CommandLoop(agent_obj, local))
 
 
 @app.command()

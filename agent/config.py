@@ -18,7 +18,7 @@ from agent.wire import MAX_GPUS
 
 MIB = 1024 * 1024
 # The wire's `Name` pattern (agent/wire.py); a node outside it is refused by the backend.
-_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 
 
 def _default_node() -> str:

@@ -75,7 +75,9 @@ class Outbox:
         ranks = self.ranks_provider() if self.ranks_provider else None
         with self._lock:
             out = Drained(
-                samples=[self._samples.popleft() for _ in range(min(max_samples, len(self._samples)))],
+                samples=[
+                    self._samples.popleft() for _ in range(min(max_samples, len(self._samples)))
+                ],
                 events=[self._events.popleft() for _ in range(min(max_events, len(self._events)))],
                 steps=[self._steps.popleft() for _ in range(min(max_steps, len(self._steps)))],
                 gpus=self._gpus,

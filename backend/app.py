@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,6 +34,25 @@ log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
 NODES_TICK_S = 2.0
+
+
+class _RedactTokens(logging.Filter):
+    """The live stream takes ?access_token=: keep it out of the access log."""
+
+    _pattern = re.compile(r"(access_token=)[^&\s]*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                self._pattern.sub(r"\1<redacted>", a) if isinstance(a, str) else a
+                for a in record.args
+            )
+        return True
+
+
+_ACCESS_LOG = logging.getLogger("uvicorn.access")
+if not any(isinstance(f, _RedactTokens) for f in _ACCESS_LOG.filters):
+    _ACCESS_LOG.addFilter(_RedactTokens())
 
 
 def _publish_stored(bus: LiveBus, stored: Stored) -> None:

@@ -94,7 +94,6 @@ def start_agent(procs: Procs, port: int, node: str) -> Any:
             "TRAINGUARD_AGENT_INTERVAL": "0.2",
             "TRAINGUARD_AGENT_SPOOL_DIR": str(procs.tmp / "spool" / node),
             "TRAINGUARD_AGENT_SOCKET_PATH": str(procs.tmp / f"{node}.sock"),
-            "TRAINGUARD_AGENT_KMSG_PATH": "",
         },
     )
 

@@ -14,7 +14,7 @@ from backend.auth import ViewerDep
 
 router = APIRouter(tags=["live"])
 
-_TOPIC = re.compile(r"^(nodes|events|incidents|(node|job):[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127})$")
+_TOPIC = re.compile(r"^(nodes|events|incidents|(node|job):[A-Za-z0-9][A-Za-z0-9._:@-]{0,127})$")
 _json = msgspec.json.Encoder()
 
 
