@@ -166,7 +166,10 @@ class LocalServer:
                     msg = None
                 if isinstance(msg, dict):
                     with self.cond:
-                        self._handle(msg, addr)
+                        try:
+                            self._handle(msg, addr)
+                        except (KeyError, TypeError, ValueError):  # a malformed message
+                            self.unknown_messages += 1
                         self.cond.notify_all()
             now = time.monotonic()
             if now >= next_check:
@@ -179,6 +182,7 @@ class LocalServer:
         self,
         kind: str,
         rec: RankRecord | None,
+        /,
         urgent: bool = False,
         message: str = "",
         ts: float | None = None,
@@ -256,7 +260,15 @@ class LocalServer:
         elif kind == "finished":
             rec.finished = True
         elif kind == "log":
-            self._put_event("log", rec, ts=msg.get("ts"), message=str(msg.get("message", "")))
+            data = msg.get("data") if isinstance(msg.get("data"), dict) else {}
+            scalars = {
+                str(k)[:256]: v
+                for k, v in list(data.items())[:32]
+                if isinstance(v, str | int | float | bool) and k not in ("ts", "message", "urgent")
+            }
+            self._put_event(
+                "log", rec, ts=msg.get("ts"), message=str(msg.get("message", "")), **scalars
+            )
         else:
             self.unknown_messages += 1
 

@@ -97,13 +97,19 @@ class ReleaseGloo(inprocess.finalize.Finalize):
         if dist.is_initialized():
             with contextlib.suppress(Exception):  # already aborted
                 dist.destroy_process_group()
-        exc = state.fn_exception
+        # The frames of the failed call (and of a gloo collective interrupted in it) hold
+        # the process groups: on the faulting rank through fn_exception, on its peers
+        # through the RankShouldRestart being handled now (it has no fn_exception).
+        todo = [state.fn_exception, sys.exc_info()[1]]
         seen = set()
-        while exc is not None and id(exc) not in seen:
+        while todo:
+            exc = todo.pop()
+            if exc is None or id(exc) in seen:
+                continue
             seen.add(id(exc))
             if exc.__traceback__ is not None:
                 traceback.clear_frames(exc.__traceback__)
-            exc = exc.__cause__ or exc.__context__
+            todo += [exc.__cause__, exc.__context__]
         gc.collect()
         return state
 
