@@ -38,7 +38,37 @@ from agent.wire import Ack, Command
 
 log = logging.getLogger(__name__)
 
-_commands = msgspec.json.Decoder(list[Command])
+
+def decode_commands(body: bytes, ack: Any = None) -> list[Command]:
+    """The poll answer, one command at a time: a command that breaks the wire format must
+    not block the ones behind it. A list in `params` (not a wire scalar) is joined into a
+    comma-separated string; a command still invalid is acked `failed` (when it has an id)
+    so the backend stops re-delivering it."""
+    out: list[Command] = []
+    for item in msgspec.json.decode(body):
+        try:
+            out.append(msgspec.convert(item, Command))
+            continue
+        except msgspec.ValidationError as exc:
+            error = str(exc)
+        if isinstance(item, dict) and isinstance(item.get("params"), dict):
+            item = dict(item)
+            item["params"] = {
+                k: ",".join(map(str, v)) if isinstance(v, list) else v
+                for k, v in item["params"].items()
+            }
+            try:
+                out.append(msgspec.convert(item, Command))
+                log.warning("command %s: non-scalar params flattened (%s)", item.get("id"), error)
+                continue
+            except msgspec.ValidationError as exc:
+                error = str(exc)
+        log.error("undecodable command %r: %s", item, error)
+        cid, node = (item.get("id"), item.get("node")) if isinstance(item, dict) else (None, None)
+        if ack is not None and isinstance(cid, str) and isinstance(node, str):
+            with contextlib.suppress(Exception):
+                ack(cid, Ack(phase="failed", ts=time.time(), node=node, detail=error[:256]))
+    return out
 
 
 class CommandTransport(Protocol):
@@ -66,7 +96,7 @@ class HttpTransport:
             timeout=wait + 10.0,
         )
         r.raise_for_status()
-        return _commands.decode(r.content)
+        return decode_commands(r.content, self.ack)
 
     def ack(self, command_id: str, ack: Ack) -> None:
         r = self._client.post(

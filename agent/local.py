@@ -260,8 +260,9 @@ class LocalServer:
         elif kind == "finished":
             rec.finished = True
         elif kind == "log":
-            data = msg.get("data") if isinstance(msg.get("data"), dict) else {}
-            scalars = {
+            raw = msg.get("data")
+            data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            scalars: dict[str, Any] = {
                 str(k)[:256]: v
                 for k, v in list(data.items())[:32]
                 if isinstance(v, str | int | float | bool) and k not in ("ts", "message", "urgent")
@@ -480,7 +481,11 @@ class LocalServer:
     # --- queries and actions (for the executor) -----------------------------------------
 
     def rank_statuses(self) -> list[RankStatus]:
+        """The rank table; an exited process is listed only while no live process holds
+        its (job, rank), so a restarted rank is not reported dead next to its successor."""
         with self.cond:
+            live = {(r.job, r.rank) for r in self.ranks.values() if r.alive}
+            recs = [r for r in self.ranks.values() if r.alive or (r.job, r.rank) not in live]
             return [
                 RankStatus(
                     job=r.job,
@@ -494,7 +499,7 @@ class LocalServer:
                     last_step=r.last_step,
                     alive=r.alive,
                 )
-                for r in self.ranks.values()
+                for r in recs
             ][:1024]
 
     def job_ranks(self, job: str, alive_only: bool = True) -> list[RankRecord]:
