@@ -19,6 +19,7 @@ from sqlalchemy.orm import sessionmaker
 
 from backend import db, errors, metrics
 from backend.auth import ViewerDep
+from backend.catalog.router import router as catalog_router
 from backend.cluster import service as cluster_service
 from backend.cluster.router import router as cluster_router
 from backend.commands.notifier import Notifier
@@ -134,6 +135,7 @@ def create_app(settings: Settings) -> FastAPI:
     api.include_router(jobs_router)
     api.include_router(commands_router)
     api.include_router(live_router)
+    api.include_router(catalog_router)
     app.include_router(api)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness")
