@@ -22,6 +22,8 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+token_app = typer.Typer(help="API tokens with roles (stored hashed).", no_args_is_help=True)
+app.add_typer(token_app, name="token")
 bench_app = typer.Typer(help="Benchmarks (results go to docs/benchmarks.md).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -62,6 +64,11 @@ def server(
     from backend.app import create_app
 
     settings = _settings(database_url=database_url, data_dir=data_dir)
+    if not settings.admin_token and not settings.demo and not _has_tokens(settings.url):
+        fail(
+            "no token configured: set TRAINGUARD_ADMIN_TOKEN (>= 16 chars), create one with "
+            "`trainguard token create`, or run `trainguard demo`"
+        )
     # Open SSE streams would hold a shutdown forever: give connections 3 s to finish.
     uvicorn.run(
         create_app(settings),
@@ -139,7 +146,7 @@ def db_upgrade(
     """Apply the migrations up to REVISION (default: head)."""
     from backend import db
 
-    settings = _settings(database_url=database_url, data_dir=data_dir, demo=True)
+    settings = _settings(database_url=database_url, data_dir=data_dir)
     _run_migration(lambda: db.upgrade(settings.url, revision), settings.url)
     typer.echo(f"database at {revision}")
 
@@ -153,7 +160,7 @@ def db_downgrade(
     """Revert the migrations down to REVISION."""
     from backend import db
 
-    settings = _settings(database_url=database_url, data_dir=data_dir, demo=True)
+    settings = _settings(database_url=database_url, data_dir=data_dir)
     _run_migration(lambda: db.downgrade(settings.url, revision), settings.url)
     typer.echo(f"database at {revision}")
 
@@ -177,6 +184,100 @@ def bench_ingest(
     width = max(len(k) for k in report)
     for k, v in report.items():
         typer.echo(f"{k:<{width}}  {v}")
+
+
+def _has_tokens(url: str) -> bool:
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    from backend import db
+    from backend.tokens.service import any_live
+
+    if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).exists():
+        return False
+    engine = db.make_engine(url)
+    try:
+        if not inspect(engine).has_table("api_tokens"):
+            return False
+        with Session(engine) as session:
+            return any_live(session)
+    except OperationalError as exc:
+        fail(f"cannot reach the database at {_redact(url)}: {str(exc.orig).strip()[:200]}")
+    finally:
+        engine.dispose()
+
+
+def _token_session(database_url: str | None, data_dir: Path | None):  # type: ignore[no-untyped-def]
+    from sqlalchemy.orm import Session
+
+    from backend import db
+
+    settings = _settings(database_url=database_url, data_dir=data_dir)
+    _run_migration(lambda: db.upgrade(settings.url), settings.url)
+    return Session(db.make_engine(settings.url))
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[str, typer.Option(help="agent | viewer | operator")],
+    node: Annotated[str | None, typer.Option(help="the node an agent token is bound to")] = None,
+    name: Annotated[str, typer.Option(help="a label for listings")] = "",
+    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+) -> None:
+    """Create a token and print it once (it is stored only as a hash)."""
+    from backend.errors import DomainError
+    from backend.tokens import service
+
+    with _token_session(database_url, data_dir) as session:
+        try:
+            created = service.create(session, role, name, node)
+        except DomainError as exc:
+            fail(exc.message)
+        session.commit()
+    typer.echo(created.token)
+    typer.echo(
+        f"token {created.id}: role {created.role}"
+        f"{' bound to node ' + created.node if created.node else ''}; shown once, store it now",
+        err=True,
+    )
+
+
+@token_app.command("list")
+def token_list(
+    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+) -> None:
+    """List tokens (id, role, node, prefix; never the token)."""
+    from backend.tokens import service
+
+    with _token_session(database_url, data_dir) as session:
+        for t in service.list_tokens(session):
+            state = "revoked" if t["revoked"] else "active"
+            typer.echo(
+                f"{t['id']:>4}  {t['role']:<8}  {t['node'] or '-':<20}  "
+                f"{t['prefix']}...  {t['name']}  {state}"
+            )
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(help="id from `trainguard token list`")],
+    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+) -> None:
+    """Revoke a token (takes effect within a few seconds on every replica)."""
+    from backend.errors import DomainError
+    from backend.tokens import service
+
+    with _token_session(database_url, data_dir) as session:
+        try:
+            service.revoke(session, token_id)
+        except DomainError as exc:
+            fail(exc.message)
+        session.commit()
+    typer.echo(f"token {token_id} revoked")
 
 
 def _run_migration(fn, url: str) -> None:  # type: ignore[no-untyped-def]

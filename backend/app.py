@@ -18,7 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
 
 from backend import db, errors, metrics
-from backend.auth import ViewerDep
+from backend.auth import TokenCache, ViewerDep
 from backend.catalog.router import router as catalog_router
 from backend.cluster import service as cluster_service
 from backend.cluster.router import router as cluster_router
@@ -120,6 +120,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.sessions = sessions
     app.state.writer = writer
     app.state.bus = bus
+    app.state.token_cache = TokenCache()
     app.state.commands_notifier = notifier
     app.state.nodes_snapshot = nodes_snapshot
     errors.install(app)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -52,15 +52,6 @@ class Settings(BaseSettings):
         if v <= 0:
             raise ValueError("must be > 0")
         return v
-
-    @model_validator(mode="after")
-    def _need_token(self) -> Settings:
-        if not self.admin_token and not self.demo:
-            raise ValueError(
-                "no token configured: set TRAINGUARD_ADMIN_TOKEN (>= 16 chars), "
-                "or run `trainguard demo`"
-            )
-        return self
 
     @property
     def url(self) -> str:

@@ -34,7 +34,7 @@ _MAX_FUTURE_S = 24 * 3600.0  # timestamps more than this ahead of the server are
     },
 )
 async def ingest(request: Request) -> Response:
-    principal = authorize(request, "agent")
+    principal = await authorize(request, "agent")
     limit: int = request.app.state.settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:

@@ -1,11 +1,13 @@
 """ORM classes; importing this package registers every table on Base.metadata."""
 
+from backend.models.auth import ApiToken
 from backend.models.base import Base
 from backend.models.cluster import SAMPLE_READINGS, Event, Gpu, IngestBatch, Node, Sample
 from backend.models.control import TIMELINE, AuditLog, Command, CommandAck, Incident
 from backend.models.jobs import Job, Rank, Step
 
 __all__ = [
+    "ApiToken",
     "SAMPLE_READINGS",
     "TIMELINE",
     "AuditLog",
