@@ -24,6 +24,8 @@ from backend.cluster import service as cluster_service
 from backend.cluster.router import router as cluster_router
 from backend.commands.notifier import Notifier
 from backend.commands.router import router as commands_router
+from backend.engine.engine import DecisionEngine
+from backend.engine.router import router as engine_router
 from backend.ingest.router import router as ingest_router
 from backend.ingest.writer import IngestWriter, Stored
 from backend.jobs.router import router as jobs_router
@@ -69,12 +71,24 @@ def create_app(settings: Settings) -> FastAPI:
     engine = db.make_engine(settings.url)
     sessions = sessionmaker(engine, expire_on_commit=False)
     bus = LiveBus()
+
+    def _after_store(stored: Stored) -> None:
+        if decision_engine is not None:
+            decision_engine.on_stored(stored)  # only wakes it: never slows ingest
+        _publish_stored(bus, stored)
+
     writer = IngestWriter(
         engine,
         max_delay_s=settings.writer_max_delay_s,
-        on_stored=lambda stored: _publish_stored(bus, stored),
+        on_stored=lambda stored: _after_store(stored),
     )
     notifier = Notifier()
+    # The decision engine (docs/engine.md); it decides only while this replica leads.
+    decision_engine = (
+        DecisionEngine.from_settings(settings, sessions, notifier, bus)
+        if settings.engine_enabled
+        else None
+    )
 
     async def nodes_snapshot() -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
@@ -101,11 +115,15 @@ def create_app(settings: Settings) -> FastAPI:
         bus.loop = loop
         notifier.bind(loop)
         writer.start()
+        if decision_engine is not None:
+            decision_engine.start()
         ticker = asyncio.create_task(nodes_ticker())
         try:
             yield
         finally:
             ticker.cancel()
+            if decision_engine is not None:
+                await asyncio.to_thread(decision_engine.stop)  # releases the lock
             await asyncio.to_thread(writer.stop)  # drain in-flight ingest
             engine.dispose()
 
@@ -122,6 +140,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.bus = bus
     app.state.token_cache = TokenCache()
     app.state.commands_notifier = notifier
+    app.state.decision_engine = decision_engine
     app.state.nodes_snapshot = nodes_snapshot
     errors.install(app)
 
@@ -135,6 +154,7 @@ def create_app(settings: Settings) -> FastAPI:
     api.include_router(cluster_router)
     api.include_router(jobs_router)
     api.include_router(commands_router)
+    api.include_router(engine_router)
     api.include_router(live_router)
     api.include_router(catalog_router)
     app.include_router(api)

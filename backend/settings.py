@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from backend.engine.policy import Policy
 
 
 class Settings(BaseSettings):
@@ -32,6 +36,15 @@ class Settings(BaseSettings):
     writer_max_delay_s: float = 0.05
     # Long-poll cap for agents' command requests.
     command_wait_max_s: float = 30.0
+    # Decision engine (docs/engine.md): runs where this is on, while the replica leads
+    # (SQLite: always; PostgreSQL: the holder of the advisory lock).
+    engine_enabled: bool = True
+    # Period of the engine's sweep (timeouts, silent nodes, cooldowns), at most 1 s.
+    engine_sweep_s: float = Field(default=0.5, gt=0, le=1.0)
+    policy_file: Path | None = Field(
+        default=None,
+        description="decision policy (TOML), merged over backend/policy/default.toml",
+    )
     frontend_dir: Path = Field(
         default=Path(__file__).resolve().parent.parent / "frontend",
         description="static UI folder served at /",
@@ -52,6 +65,22 @@ class Settings(BaseSettings):
         if v <= 0:
             raise ValueError("must be > 0")
         return v
+
+    @field_validator("policy_file", mode="before")
+    @classmethod
+    def _policy_loads(cls, v: object) -> object:
+        from backend.engine.policy import load_policy
+
+        if v is None or v == "":
+            return None  # an empty variable means "the default policy"
+        load_policy(str(v))  # a PolicyError names the key and line
+        return v
+
+    @property
+    def policy(self) -> Policy:
+        from backend.engine.policy import load_policy
+
+        return load_policy(self.policy_file)
 
     @property
     def url(self) -> str:

@@ -89,7 +89,7 @@ def list_incidents(
     session: SessionDep,
     _: ViewerDep,
     job: Annotated[str | None, Query(max_length=128)] = None,
-    status: Literal["open", "resolved", "failed"] | None = None,
+    status: Literal["open", "pending", "resolved", "failed", "rejected", "stopped"] | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict[str, Any]]:
     return service.list_incidents(session, job, status, limit)

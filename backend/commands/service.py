@@ -13,6 +13,7 @@ from agent import wire
 from backend.errors import Conflict, NotFound
 from backend.jobs.service import live_ranks
 from backend.models import TIMELINE, AuditLog, Command, CommandAck, Incident, Job, Node
+from backend.models.control import IncidentEvidence
 
 # Which incident field each ack phase fills: the first delivery, the last of the others
 # (a phase is complete when every node has done it).
@@ -45,6 +46,21 @@ def manual_restart(
         fault_at=now,
         detected_at=now,
         decided_at=now,
+        acted_at=now,
+        fault_attempt=job.attempt,
+        fault_iteration=job.iteration,
+        escalations=0,
+        decisions=[
+            {
+                "at": now,
+                "level": level,
+                "why": reason,
+                "by": actor,
+                "mode": "manual",
+                "restart": True,
+            }
+        ],
+        hooks=[],
     )
     session.add(incident)
     session.flush()
@@ -112,17 +128,22 @@ def record_ack(session: Session, command_id: str, ack: wire.Ack) -> bool:
     if ack.phase == "delivered" and cmd.delivered_at is None:
         cmd.delivered_at = ack.ts
     if cmd.incident_id is not None:
-        _advance_incident(session, cmd.incident_id, ack)
+        _advance_incident(session, cmd.incident_id, cmd, ack)
     session.flush()
     return True
 
 
-def _advance_incident(session: Session, incident_id: int, ack: wire.Ack) -> None:
-    inc = session.get(Incident, incident_id)
+def _advance_incident(session: Session, incident_id: int, cmd: Command, ack: wire.Ack) -> None:
+    inc = session.get(Incident, incident_id, with_for_update=True)
     if inc is None:
         return
+    if inc.acted_at is not None and cmd.issued_at < inc.acted_at:
+        return  # an ack of an action that an escalation superseded: kept, not counted
+    if inc.status != "open":
+        return  # resolved, given up, rejected or already failed: the timeline is closed
     if ack.phase == "failed":
         inc.status = "failed"
+        inc.closed_at = time.time()
         inc.outcome = f"failed on {ack.node}: {ack.detail}"
         return
     field = _PHASE_FIELD[ack.phase]
@@ -134,17 +155,21 @@ def _advance_incident(session: Session, incident_id: int, ack: wire.Ack) -> None
     ):
         setattr(inc, field, ack.ts)
     if ack.phase == "resumed":
-        # Resolved once every node addressed by the incident has resumed.
+        # Resolved once every node addressed by the current action has resumed.
         session.flush()
-        ids = session.scalars(select(Command.id).where(Command.incident_id == incident_id)).all()
+        stmt = select(Command.id).where(Command.incident_id == incident_id)
+        if inc.acted_at is not None:
+            stmt = stmt.where(Command.issued_at >= inc.acted_at)
+        ids = session.scalars(stmt).all()
         resumed = session.scalars(
             select(CommandAck.command_id).where(
                 CommandAck.command_id.in_(ids), CommandAck.phase == "resumed"
             )
         ).all()
-        if len(set(resumed)) == len(ids) and inc.status == "open":
+        if len(set(resumed)) == len(ids):
             inc.status = "resolved"
             inc.outcome = "resumed"
+            inc.closed_at = time.time()
 
 
 def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
@@ -160,6 +185,14 @@ def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
         .where(CommandAck.command_id.in_([c.id for c, _ in cmds]))
         .order_by(CommandAck.ts)
     ).all()
+    evidence = session.execute(
+        select(IncidentEvidence, Node.name)
+        .outerjoin(Node, Node.id == IncidentEvidence.node_id)
+        .where(IncidentEvidence.incident_id == inc.id)
+        .order_by(IncidentEvidence.ts, IncidentEvidence.id)
+        .limit(200)
+    ).all()
+    fault_node = session.get(Node, inc.node_id) if inc.node_id is not None else None
     timeline = {f: getattr(inc, f) for f in TIMELINE}
     recovery = (
         inc.resumed_at - inc.fault_at
@@ -180,8 +213,32 @@ def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
         "outcome": inc.outcome,
         "fault_step": inc.fault_step,
         "lost_steps": inc.lost_steps,
+        "node": fault_node.name if fault_node is not None else None,
+        "gpu_uuid": inc.gpu_uuid,
+        "xid": inc.xid,
+        "escalations": inc.escalations,
+        "not_before": inc.not_before,
+        "acted_at": inc.acted_at,
+        "closed_at": inc.closed_at,
         "timeline": timeline,
         "recovery_s": recovery,
+        "decisions": list(inc.decisions or ()),
+        "hooks": list(inc.hooks or ()),
+        "evidence": [
+            {
+                "kind": e.kind,
+                "cause": e.cause,
+                "action": e.action,
+                "node": name,
+                "rank": e.rank,
+                "xid": e.xid,
+                "ts": e.ts,
+                "received_at": e.received_at,
+                "event_id": e.event_id,
+                "detail": e.detail,
+            }
+            for e, name in evidence
+        ],
         "commands": [
             {
                 "id": c.id,

@@ -1,0 +1,498 @@
+"""Decisions: evidence -> incident (a new one, or merged into the job's episode) -> action
+(command rows for the agents, a cordon, a hook, or giving up).
+
+Everything here runs inside one transaction of the engine (the leader). Hooks take
+seconds and must not hold a transaction: a decision that needs one records it as due
+(`hooks_due`); the engine runs it after the commit and continues with `after_hook` in a
+later transaction. Statistics and the set of incidents touched are kept per transaction
+and published by the engine only once it committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.engine import queries as q
+from backend.engine.evidence import Evidence, Verdict, classify, describe
+from backend.engine.hooks import HookResult
+from backend.engine.policy import LADDER, Policy, next_level, rung
+from backend.models import AuditLog, Command, Gpu, Incident, Job, Node
+from backend.models.control import ACTIVE_STATUSES, IncidentEvidence
+
+log = logging.getLogger(__name__)
+
+ENGINE_ACTOR = "engine"
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class HookJob:
+    """A hook to run after the commit, and what follows it."""
+
+    incident_id: int
+    acted_at: float  # the action it belongs to (a later escalation supersedes it)
+    hook: str  # cordon | gpu_reset
+    template: str
+    values: dict[str, Any]
+    exclude: frozenset[int]  # nodes the launcher restart that follows leaves out
+
+
+class Decider:
+    def __init__(self, policy: Policy, fresh_within_s: float, clock: Callable[[], float]) -> None:
+        self.policy = policy
+        self.fresh_within_s = fresh_within_s
+        self.clock = clock
+        self.stats: Counter[str] = Counter()
+        self.begin()
+
+    # --- per-transaction scratch ------------------------------------------------------
+
+    def begin(self) -> None:
+        self.hooks_due: list[HookJob] = []
+        self.touched: set[int] = set()
+        self.commands = 0
+        self._tx: Counter[str] = Counter()
+
+    def committed(self) -> None:
+        self.stats.update(self._tx)
+        self._tx = Counter()
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self._tx[key] += n
+
+    # --- evidence -----------------------------------------------------------------------
+
+    def handle(self, session: Session, ev: Evidence) -> None:
+        verdict = classify(ev, self.policy)
+        if verdict is None:
+            return
+        self._count("evidence")
+        if ev.event_id is not None and session.scalar(
+            select(IncidentEvidence.id).where(IncidentEvidence.event_id == ev.event_id)
+        ):
+            return  # already handled (read again after a change of leader)
+        action, why = verdict.action, verdict.why
+        now = self.clock()
+        policy = self.policy.model
+        if verdict.hard and ev.node_id is not None and rung(action) < rung("exclude_node"):
+            window = policy.xid.repeat_window_s
+            n = q.hard_xids_on_node(session, ev.node_id, ev.ts - window, ev.ts)
+            if n >= policy.xid.repeat_count:
+                action = "exclude_node"
+                why = f"{n} hard XIDs on {ev.node} within {window:g} s (xid.repeat_count)"
+        if action == "ignore":
+            self._count("ignored")
+            return
+        offset = ev.clock_offset_s or 0.0
+        # (A silent node is only evidence once it has been silent long enough; the sweep
+        # bounds its age.)
+        if ev.kind != "node_down" and (now + offset) - ev.ts > policy.incidents.max_evidence_age_s:
+            self._count("stale")
+            return
+        if verdict.node_scoped:
+            if ev.node_id is None:
+                return
+            since = (ev.ts - offset if ev.kind == "node_down" else now) - self.fresh_within_s
+            pid = ev.data.get("pid")
+            jobs = q.jobs_on_node(session, ev.node_id, since, pid if isinstance(pid, int) else None)
+        else:
+            job = session.scalar(select(Job).where(Job.name == ev.job))
+            jobs = [job] if job is not None else []
+        if not jobs:
+            self._count("no_job")
+            return
+        for i, job in enumerate(jobs):
+            self._apply(session, job, ev, verdict, action, why, primary=i == 0)
+
+    def _apply(
+        self,
+        session: Session,
+        job: Job,
+        ev: Evidence,
+        verdict: Verdict,
+        action: str,
+        why: str,
+        primary: bool,
+    ) -> None:
+        inc = session.scalar(
+            select(Incident)
+            .where(Incident.job_id == job.id)
+            .order_by(Incident.id.desc())
+            .limit(1)
+            .with_for_update()
+        )
+        if inc is not None and self._belongs(inc, ev):
+            self._record(session, inc, ev, verdict, action, primary)
+            self._merge(session, inc, job, ev, verdict, action, why)
+        else:
+            self._open(session, job, ev, verdict, action, why, primary)
+
+    def _belongs(self, inc: Incident, ev: Evidence) -> bool:
+        """Evidence joins the job's latest incident while it is being handled (or the
+        job was given up), or when it happened within the merge window of its fault or
+        before it resumed."""
+        if inc.status in (*ACTIVE_STATUSES, "stopped"):
+            return True
+        end = inc.fault_at or 0.0
+        if inc.resumed_at is not None:
+            end = max(end, inc.resumed_at)
+        return ev.ts <= max(end, (inc.fault_at or 0.0) + self.policy.model.incidents.merge_window_s)
+
+    def _record(
+        self,
+        session: Session,
+        inc: Incident,
+        ev: Evidence,
+        verdict: Verdict,
+        action: str,
+        primary: bool,
+    ) -> None:
+        detail = describe(ev)
+        if not primary and ev.event_id is not None:
+            detail = f"{detail} (event {ev.event_id}, shared with other jobs on the node)"
+        session.add(
+            IncidentEvidence(
+                incident_id=inc.id,
+                event_id=ev.event_id if primary else None,
+                kind=ev.kind,
+                cause=verdict.cause,
+                action=action,
+                node_id=ev.node_id,
+                rank=ev.rank,
+                xid=ev.xid,
+                ts=ev.ts,
+                received_at=ev.received_at,
+                detail=detail[:2000],
+            )
+        )
+        self.touched.add(inc.id)
+
+    def _open(
+        self,
+        session: Session,
+        job: Job,
+        ev: Evidence,
+        verdict: Verdict,
+        action: str,
+        why: str,
+        primary: bool,
+    ) -> None:
+        now = self.clock()
+        fault_step = verdict.step if verdict.step is not None else job.last_step
+        inc = Incident(
+            job_id=job.id,
+            created_at=now,
+            trigger="auto",
+            triggered_by=ENGINE_ACTOR,
+            cause=verdict.cause,
+            level=action,
+            reason=f"{verdict.cause}: {describe(ev)}"[:2000],
+            status="open",
+            outcome="",
+            fault_step=fault_step,
+            fault_at=ev.ts,
+            detected_at=ev.received_at,
+            node_id=ev.node_id,
+            gpu_uuid=ev.gpu_uuid,
+            xid=ev.xid,
+            fault_attempt=job.attempt,
+            fault_iteration=job.iteration,
+            escalations=0,
+            decisions=[],
+            hooks=[],
+        )
+        ckpt = q.last_checkpoint_step(session, job.name, ev.ts, fault_step)
+        if ckpt is not None and fault_step is not None:
+            inc.lost_steps = max(0, fault_step - ckpt)
+        session.add(inc)
+        session.flush()
+        self._count("incidents")
+        self._record(session, inc, ev, verdict, action, primary)
+        self.decide(session, inc, job, action, why, in_episode=False)
+
+    def _merge(
+        self,
+        session: Session,
+        inc: Incident,
+        job: Job,
+        ev: Evidence,
+        verdict: Verdict,
+        action: str,
+        why: str,
+    ) -> None:
+        self._count("merged")
+        if inc.status not in ACTIVE_STATUSES:
+            return  # late evidence of an episode that ended, or of a job given up
+        effective = self._resolve(action)
+        current = inc.level if inc.level in LADDER or inc.level == "reset_gpu" else "in_process"
+        if rung(effective) <= rung(current):
+            return  # same fault, or a consequence of the action already under way
+        # Stronger evidence of the same episode: it decides now (no cooldown inside an
+        # episode; the budget still applies).
+        inc.cause = verdict.cause
+        if verdict.node_scoped or effective == "exclude_node":
+            inc.node_id = ev.node_id if ev.node_id is not None else inc.node_id
+            inc.xid = ev.xid if ev.xid is not None else inc.xid
+            inc.gpu_uuid = ev.gpu_uuid or inc.gpu_uuid
+        note = f"stronger evidence: {verdict.cause} ({why})"
+        if inc.acted_at is None and inc.status == "open":
+            inc.level = effective  # still waiting for its cooldown: acts at the new level
+            return
+        inc.escalations += 1
+        self.decide(session, inc, job, effective, note, in_episode=True)
+
+    # --- deciding ---------------------------------------------------------------------
+
+    def _resolve(self, action: str) -> str:
+        if action == "reset_gpu" and not self.policy.model.hooks.gpu_reset:
+            return "exclude_node"
+        return action
+
+    def plan(self, session: Session, job: Job, base: str, now: float) -> tuple[str, list[str]]:
+        """The level to act at: the evidence's action, climbed by the escalation ladder
+        (N earlier actions of a level within the window) and capped by the budget."""
+        notes: list[str] = []
+        level = self._resolve(base)
+        if level != base:
+            notes.append("no GPU reset hook configured: exclude the node")
+        esc = self.policy.model.escalation
+        while level in ("in_process", "launcher", "reset_gpu", "exclude_node"):
+            counted = "launcher" if level == "reset_gpu" else level
+            limit = self.policy.escalate_after(counted)
+            n = q.actions_since(session, job.id, now - esc.window_s, counted)
+            if limit is None or n < limit:
+                break
+            up = next_level(counted)
+            notes.append(f"{n} {counted} actions within {esc.window_s:g} s: {up}")
+            level = up
+        budget = self.policy.model.limits.budget_per_hour
+        if level != "stop_job":
+            spent = q.actions_since(session, job.id, now - HOUR_S, None)
+            if spent >= budget:
+                notes.append(f"restart budget spent ({spent} of {budget} in the last hour)")
+                level = "stop_job"
+        return level, notes
+
+    def decide(
+        self,
+        session: Session,
+        inc: Incident,
+        job: Job,
+        base: str,
+        why: str,
+        in_episode: bool,
+    ) -> None:
+        """Decide on an incident: recommend (dry run), wait (cooldown) or act."""
+        now = self.clock()
+        level, notes = self.plan(session, job, base, now)
+        why = "; ".join([why, *notes])
+        inc.level = level
+        self.touched.add(inc.id)
+        if self.policy.dry_run:
+            inc.status = "pending"
+            inc.decided_at = inc.decided_at or now
+            inc.outcome = f"recommended {level}: awaiting an operator's approval"
+            inc.decisions = [
+                *inc.decisions,
+                {"at": now, "level": level, "why": why, "by": ENGINE_ACTOR, "mode": "dry_run"},
+            ]
+            self._count("recommended")
+            return
+        cooldown = self.policy.model.limits.cooldown_s
+        last = q.last_action_at(session, job.id)
+        if not in_episode and last is not None and now < last + cooldown and level != "stop_job":
+            inc.not_before = last + cooldown
+            inc.outcome = f"waiting for the job's cooldown ({cooldown:g} s after the last action)"
+            inc.reason = inc.reason if why in inc.reason else f"{inc.reason} [{why}]"[:2000]
+            self._count("deferred")
+            return
+        self.act(session, inc, job, level, why, by=ENGINE_ACTOR, mode="auto")
+
+    def act(
+        self,
+        session: Session,
+        inc: Incident,
+        job: Job,
+        level: str,
+        why: str,
+        by: str,
+        mode: str,
+    ) -> None:
+        """Carry out a decision now: commands, cordon and hooks, or giving up."""
+        now = self.clock()
+        restart = level != "stop_job"
+        entry: dict[str, Any] = {
+            "at": now,
+            "level": level,
+            "why": why,
+            "by": by,
+            "mode": mode,
+            "restart": restart,
+        }
+        self.touched.add(inc.id)
+        self._count("decisions")
+        inc.decided_at = inc.decided_at or now
+        inc.not_before = None
+        if restart:
+            inc.acted_at = now
+            # A new action: the progress of a superseded one no longer counts.
+            inc.torn_down_at = inc.restarted_at = inc.resumed_at = None
+            inc.status = "open"
+            inc.outcome = ""
+        if level == "stop_job":
+            inc.level = "stop_job"
+            inc.status = "stopped"
+            inc.closed_at = now
+            inc.outcome = f"stopped: {why}; no more automatic restarts, an operator must act"
+            session.add(
+                AuditLog(
+                    ts=now,
+                    actor=by,
+                    action="stop_job",
+                    target=f"job:{job.name}",
+                    reason=f"incident {inc.id}: {why}"[:2000],
+                )
+            )
+            log.warning("ALERT job %s stopped (incident %d): %s", job.name, inc.id, why)
+            self._count("stopped")
+        elif level == "reset_gpu":
+            inc.level = "launcher"
+            hook = self.policy.model.hooks.gpu_reset
+            entry["hook"] = "gpu_reset"
+            self._due(session, inc, job, "gpu_reset", hook, frozenset())
+        elif level == "exclude_node":
+            inc.level = "exclude_node"
+            node_id = q.culprit_node(session, inc)
+            inc.node_id = node_id
+            exclude = frozenset({node_id}) if node_id is not None else frozenset()
+            if node_id is not None:
+                self._cordon(session, node_id, inc, by, why)
+            hook = self.policy.model.hooks.cordon
+            if hook and node_id is not None:
+                entry["hook"] = "cordon"
+                self._due(session, inc, job, "cordon", hook, exclude)
+            else:
+                self.issue(session, inc, job, "launcher", exclude)
+        else:
+            inc.level = level
+            self.issue(session, inc, job, level, frozenset())
+        inc.decisions = [*inc.decisions, entry]
+
+    def issue(
+        self, session: Session, inc: Incident, job: Job, action: str, exclude: frozenset[int]
+    ) -> int:
+        """Command rows for the agents of the nodes hosting the job (durable: an agent
+        gets them when it next polls, after any reconnect)."""
+        now = self.clock()
+        targets = q.job_nodes(session, job.id, now - self.fresh_within_s, exclude)
+        if not targets:
+            inc.status = "failed"
+            inc.closed_at = now
+            inc.outcome = (
+                "no other node hosts ranks of the job"
+                if exclude
+                else ("no node hosts live ranks of the job: nothing to restart")
+            )
+            self._count("nothing_to_restart")
+            return 0
+        reason = f"incident {inc.id}: {inc.cause} -> {inc.level}"
+        for node_id, ranks in sorted(targets.items()):
+            session.add(
+                Command(
+                    id=uuid.uuid4().hex,
+                    incident_id=inc.id,
+                    job_id=job.id,
+                    node_id=node_id,
+                    action=action,
+                    reason=reason[:256],
+                    params={
+                        "ranks": ",".join(map(str, ranks)),
+                        "cause": inc.cause[:64],
+                        "fault_at": inc.fault_at,
+                        "attempt": inc.fault_attempt,
+                        "iteration": inc.fault_iteration,
+                    },
+                    issued_at=now,
+                )
+            )
+        self.commands += len(targets)
+        self._count("commands", len(targets))
+        return len(targets)
+
+    def _cordon(self, session: Session, node_id: int, inc: Incident, by: str, why: str) -> None:
+        node = session.get(Node, node_id, with_for_update=True)
+        if node is None or node.cordoned:
+            return
+        node.cordoned = True
+        session.add(
+            AuditLog(
+                ts=self.clock(),
+                actor=by,
+                action="cordon",
+                target=f"node:{node.name}",
+                reason=f"incident {inc.id}: {why}"[:2000],
+            )
+        )
+        self._count("cordoned")
+
+    def _due(
+        self,
+        session: Session,
+        inc: Incident,
+        job: Job,
+        hook: str,
+        template: str,
+        exclude: frozenset[int],
+    ) -> None:
+        assert inc.acted_at is not None
+        node = session.get(Node, inc.node_id) if inc.node_id is not None else None
+        gpu_index = (
+            session.scalar(select(Gpu.index).where(Gpu.uuid == inc.gpu_uuid))
+            if inc.gpu_uuid
+            else None
+        )
+        values = {
+            "node": node.name if node is not None else "",
+            "job": job.name,
+            "gpu_uuid": inc.gpu_uuid or "",
+            "gpu_index": gpu_index if gpu_index is not None and gpu_index >= 0 else "",
+            "xid": inc.xid if inc.xid is not None else "",
+            "incident": inc.id,
+        }
+        self.hooks_due.append(HookJob(inc.id, inc.acted_at, hook, template, values, exclude))
+
+    def after_hook(self, session: Session, job_: HookJob, result: HookResult) -> None:
+        """Record a hook's result and carry on: launcher restart after a cordon or a
+        successful GPU reset; exclude the node when the reset failed."""
+        inc = session.get(Incident, job_.incident_id, with_for_update=True)
+        if inc is None:
+            return
+        inc.hooks = [*inc.hooks, result.record()]
+        self.touched.add(inc.id)
+        self._count(f"hook_{job_.hook}_{'ok' if result.ok else 'failed'}")
+        if inc.status != "open" or inc.acted_at != job_.acted_at:
+            return  # superseded by a later decision
+        job = session.get(Job, inc.job_id)
+        if job is None:
+            return
+        if job_.hook == "gpu_reset" and not result.ok:
+            inc.escalations += 1
+            self.act(
+                session,
+                inc,
+                job,
+                "exclude_node",
+                f"GPU reset hook failed (rc {result.rc})",
+                by=ENGINE_ACTOR,
+                mode="auto",
+            )
+            return
+        self.issue(session, inc, job, "launcher", job_.exclude)

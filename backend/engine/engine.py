@@ -1,0 +1,372 @@
+"""The decision engine: a background thread of the backend that turns evidence into
+incidents and actions, on the one replica that holds the leadership.
+
+Evidence is read from the `events` table by a cursor (the highest event id read, kept in
+`engine_state` so a new leader continues where the last one stopped). The ingest
+writer's `on_stored` hook only wakes the thread (a set() on an Event: ingest never
+waits for the engine), so evidence is decided on within milliseconds of its commit; a
+periodic sweep (`sweep_s`, at most 1 s) covers what no event announces and finds
+evidence another replica stored. On PostgreSQL, ids committed out of order by two
+replicas leave temporary holes in the id sequence: the ids of a hole are read again for
+`GAP_TTL_S` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend.commands.service import get_incident, incident_dict
+from backend.engine import sweep
+from backend.engine.decide import Decider, HookJob
+from backend.engine.evidence import EVIDENCE_KINDS, Evidence
+from backend.engine.hooks import HookResult, run_hook
+from backend.engine.leader import AdvisoryLockLeadership, Leadership, leadership_for
+from backend.engine.policy import Policy
+from backend.models import Event, Node
+from backend.models.control import EngineState
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+CURSOR = "events_cursor"
+GAP_TTL_S = 10.0
+MAX_GAP = 10_000
+
+
+class DecisionEngine:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        policy: Policy,
+        leadership: Leadership,
+        *,
+        fresh_within_s: float,
+        sweep_s: float = 0.5,
+        notifier: Any = None,
+        bus: Any = None,
+        clock: Callable[[], float] = time.time,
+        batch: int = 2000,
+        hook_workers: int = 4,
+    ) -> None:
+        self.sessions = sessions
+        self.policy = policy
+        self.leadership = leadership
+        self.fresh_within_s = fresh_within_s
+        self.sweep_s = sweep_s
+        self.notifier = notifier
+        self.bus = bus
+        self.clock = clock
+        self.batch = batch
+        self.decider = Decider(policy, fresh_within_s, clock)
+        self.hi: int | None = None  # the cursor: highest event id read
+        self.last_sweep_at: float | None = None
+        self.cycles = 0
+        self.errors = 0
+        self.last_error = ""
+        self._gaps: dict[int, float] = {}
+        self._down_seen: set[tuple[int, float]] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._cycle = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._hooks = ThreadPoolExecutor(hook_workers, thread_name_prefix="tg-hook")
+        self._hook_results: queue.SimpleQueue[tuple[HookJob, HookResult]] = queue.SimpleQueue()
+        self._running_hooks: set[tuple[int, float]] = set()
+
+    @classmethod
+    def from_settings(
+        cls, settings: Any, sessions: sessionmaker[Session], notifier: Any, bus: Any
+    ) -> DecisionEngine:
+        return cls(
+            sessions,
+            settings.policy,
+            leadership_for(settings.url),
+            fresh_within_s=settings.node_down_after_s,
+            sweep_s=settings.engine_sweep_s,
+            notifier=notifier,
+            bus=bus,
+        )
+
+    # --- life cycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="tg-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._hooks.shutdown(wait=False, cancel_futures=True)
+        self.leadership.release()
+
+    def wake(self) -> None:
+        """Thread-safe and cheap: the next cycle starts now."""
+        self._wake.set()
+
+    def on_stored(self, stored: Any) -> None:
+        """The ingest writer's hook, after each commit: wake on evidence, nothing more."""
+        if any(e["kind"] in EVIDENCE_KINDS for e in stored.events):
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except OperationalError as exc:
+                self._error(f"database unavailable: {str(exc.orig).strip()[:200]}")
+            except Exception as exc:
+                log.exception("engine cycle failed")
+                self._error(f"{type(exc).__name__}: {exc}"[:300])
+            self._wake.wait(self.sweep_s)
+            self._wake.clear()
+
+    def _error(self, msg: str) -> None:
+        self.errors += 1
+        self.last_error = msg
+        log.warning("engine: %s", msg)
+
+    # --- one cycle --------------------------------------------------------------------
+
+    def run_once(self) -> bool:
+        """Read new evidence, sweep, start due hooks; False when not the leader."""
+        with self._cycle:
+            if not self.leadership.ensure():
+                if self.hi is not None:
+                    log.warning("engine: not the leader any more; standing by")
+                self.hi = None
+                self._gaps.clear()
+                return False
+            if self.hi is None:
+                self._load_cursor()
+            self._hook_continuations()
+            while self._read_events() >= self.batch:
+                pass
+            self._tx(self._sweep)
+            self.last_sweep_at = self.clock()
+            self.cycles += 1
+            return True
+
+    def _tx(self, fn: Callable[[Session], T]) -> T:
+        """One transaction of decisions; after its commit: wake agents' long-polls, run
+        the hooks it made due, publish the incidents it touched."""
+        d = self.decider
+        d.begin()
+        try:
+            with self.sessions() as s, s.begin():
+                out = fn(s)
+        except Exception:
+            d.begin()
+            raise
+        with self._stats_lock:
+            d.committed()
+        hooks, touched, commands = d.hooks_due, d.touched, d.commands
+        d.begin()
+        if commands and self.notifier is not None:
+            self.notifier.notify()
+        for job in hooks:
+            self._submit_hook(job)
+        if touched:
+            self._publish(touched)
+        return out
+
+    def _sweep(self, s: Session) -> None:
+        now = self.clock()
+        sweep.silent_nodes(self.decider, s, now, self.fresh_within_s, self._down_seen)
+        sweep.due_incidents(self.decider, s, now)
+        sweep.failed_incidents(self.decider, s)
+        sweep.resumed_from_steps(self.decider, s, now)
+        sweep.orphaned_hooks(self.decider, s, now, self._running_hooks)
+
+    # --- the cursor over events -----------------------------------------------------------
+
+    def _load_cursor(self) -> None:
+        """Continue from the stored cursor, but never further back than the oldest
+        evidence still young enough to act on."""
+        max_age = self.policy.model.incidents.max_evidence_age_s
+        with self.sessions() as s:
+            state = s.get(EngineState, CURSOR)
+            stored = int(state.value.get("hi", 0)) if state is not None else 0
+            floor = s.scalar(select(func.min(Event.id)).where(Event.ts >= self.clock() - max_age))
+            top = s.scalar(select(func.max(Event.id))) or 0
+        self.hi = max(stored, top if floor is None else floor - 1)
+        log.info("engine: leading; reading events after id %d", self.hi)
+
+    def _read_events(self) -> int:
+        assert self.hi is not None
+        with self.sessions() as s:
+            rows = s.execute(
+                select(Event.id, Event.kind)
+                .where(Event.id > self.hi)
+                .order_by(Event.id)
+                .limit(self.batch)
+            ).all()
+            late = (
+                s.execute(select(Event.id, Event.kind).where(Event.id.in_(list(self._gaps)))).all()
+                if self._gaps
+                else []
+            )
+        if not rows and not late:
+            self._expire_gaps()
+            return 0
+        new_hi = rows[-1][0] if rows else self.hi
+        wanted = [i for i, kind in (*late, *rows) if kind in EVIDENCE_KINDS]
+
+        def work(s: Session) -> None:
+            for ev in self._load(s, wanted):
+                self.decider.handle(s, ev)
+            if new_hi != self.hi:
+                self._save_cursor(s, new_hi)
+
+        try:
+            self._tx(work)
+        except OperationalError:
+            raise
+        except Exception:
+            # One event the engine cannot handle must not stop all the others.
+            log.exception("engine: a batch of %d events failed; retrying one by one", len(wanted))
+            for eid in wanted:
+                try:
+                    self._tx(
+                        lambda s, eid=eid: [self.decider.handle(s, e) for e in self._load(s, [eid])]
+                    )
+                except OperationalError:
+                    raise
+                except Exception:
+                    log.exception("engine: event %d skipped", eid)
+                    self._error(f"event {eid} could not be handled")
+            self._tx(lambda s: self._save_cursor(s, new_hi))
+        present = {i for i, _ in rows}
+        if rows and new_hi - self.hi <= MAX_GAP:
+            now_m = time.monotonic()
+            for i in range(self.hi + 1, new_hi):
+                if i not in present:
+                    self._gaps.setdefault(i, now_m)
+        for i, _ in late:
+            self._gaps.pop(i, None)
+        self.hi = new_hi
+        self._expire_gaps()
+        return len(rows)
+
+    def _expire_gaps(self) -> None:
+        if self._gaps:
+            cutoff = time.monotonic() - GAP_TTL_S
+            self._gaps = {i: t for i, t in self._gaps.items() if t >= cutoff}
+
+    def _load(self, s: Session, ids: list[int]) -> list[Evidence]:
+        if not ids:
+            return []
+        rows = s.execute(
+            select(Event, Node.name, Node.clock_offset_s)
+            .outerjoin(Node, Node.id == Event.node_id)
+            .where(Event.id.in_(ids))
+            .order_by(Event.id)
+        ).all()
+        return [
+            Evidence(
+                kind=e.kind,
+                ts=e.ts,
+                received_at=e.received_at,
+                node_id=e.node_id,
+                node=name,
+                job=e.job,
+                rank=e.rank,
+                xid=e.xid,
+                gpu_uuid=e.gpu_uuid,
+                message=e.message or "",
+                data=dict(e.data or {}),
+                event_id=e.id,
+                clock_offset_s=offset,
+            )
+            for e, name, offset in rows
+        ]
+
+    def _save_cursor(self, s: Session, hi: int) -> None:
+        state = s.get(EngineState, CURSOR, with_for_update=True)
+        if state is None:
+            s.add(EngineState(name=CURSOR, value={"hi": hi}, updated_at=self.clock()))
+        else:
+            state.value = {"hi": hi}
+            state.updated_at = self.clock()
+
+    # --- hooks --------------------------------------------------------------------------
+
+    def _submit_hook(self, job: HookJob) -> None:
+        self._running_hooks.add((job.incident_id, job.acted_at))
+        timeout = self.policy.model.hooks.timeout_s
+
+        def done(f: Future[HookResult]) -> None:
+            try:
+                result = f.result()
+            except BaseException as exc:  # cancelled at shutdown, or a bug
+                result = HookResult(job.hook, [], False, None, repr(exc), time.time(), 0.0)
+            self._hook_results.put((job, result))
+            self._wake.set()
+
+        try:
+            fut = self._hooks.submit(run_hook, job.hook, job.template, job.values, timeout)
+        except RuntimeError:  # shutting down
+            return
+        fut.add_done_callback(done)
+
+    def _hook_continuations(self) -> None:
+        while True:
+            try:
+                job, result = self._hook_results.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._tx(lambda s, job=job, result=result: self.decider.after_hook(s, job, result))
+            except Exception:
+                self._hook_results.put((job, result))  # try again next cycle
+                raise
+            self._running_hooks.discard((job.incident_id, job.acted_at))
+
+    # --- outputs --------------------------------------------------------------------------
+
+    def _publish(self, incident_ids: set[int]) -> None:
+        if self.bus is None or not self.bus.wants("incidents"):
+            return
+        with contextlib.suppress(Exception), self.sessions() as s:
+            for iid in sorted(incident_ids):
+                self.bus.publish("incidents", "incident", incident_dict(s, get_incident(s, iid)))
+
+    def status(self) -> dict[str, Any]:
+        with self._stats_lock:
+            stats = dict(self.decider.stats)
+        lead = self.leadership
+        return {
+            "enabled": True,
+            "leader": lead.is_leader,
+            "leadership": getattr(lead, "kind", type(lead).__name__),
+            "leader_since": getattr(lead, "acquired_at", None)
+            if isinstance(lead, AdvisoryLockLeadership)
+            else None,
+            "replica": f"{socket.gethostname()}:{os.getpid()}",
+            "running": self._thread is not None and self._thread.is_alive(),
+            "sweep_s": self.sweep_s,
+            "last_sweep_at": self.last_sweep_at,
+            "cycles": self.cycles,
+            "cursor": self.hi,
+            "decisions": stats.get("decisions", 0) + stats.get("recommended", 0),
+            "counts": stats,
+            "errors": self.errors,
+            "last_error": self.last_error,
+            "policy": self.policy.summary(),
+        }

@@ -1,0 +1,175 @@
+"""The reads the decision engine makes while deciding (each one indexed and small)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from agent.xid import describe_xid
+from backend.engine.evidence import SOFT_BUCKETS, as_int
+from backend.models import Command, CommandAck, Event, Incident, Job, Node, Rank, Step
+from backend.models.control import IncidentEvidence
+
+
+def jobs_on_node(session: Session, node_id: int, since: float, pid: int | None = None) -> list[Job]:
+    """Jobs with ranks alive on the node, reported since `since` (backend clock). When the
+    evidence names a process that is one of those ranks, only that rank's job."""
+    rows = session.execute(
+        select(Rank.job_id, Rank.pid).where(
+            Rank.node_id == node_id, Rank.alive.is_(True), Rank.updated_at >= since
+        )
+    ).all()
+    ids = {job_id for job_id, _ in rows}
+    if pid is not None:
+        mine = {job_id for job_id, p in rows if p == pid}
+        ids = mine or ids
+    if not ids:
+        return []
+    return list(session.scalars(select(Job).where(Job.id.in_(ids)).order_by(Job.id)))
+
+
+def job_nodes(
+    session: Session, job_id: int, since: float, exclude: set[int] | frozenset[int] = frozenset()
+) -> dict[int, list[int]]:
+    """The nodes hosting the job's ranks (alive or just exited: the launcher that respawns
+    them runs there), reported since `since`, cordoned and excluded nodes left out:
+    {node_id: [ranks]}."""
+    rows = session.execute(
+        select(Rank.node_id, Rank.rank)
+        .join(Node, Node.id == Rank.node_id)
+        .where(Rank.job_id == job_id, Rank.updated_at >= since, Node.cordoned.is_(False))
+        .order_by(Rank.rank)
+    ).all()
+    out: dict[int, list[int]] = {}
+    for node_id, rank in rows:
+        if node_id not in exclude:
+            out.setdefault(node_id, []).append(rank)
+    return out
+
+
+def hard_xids_on_node(session: Session, node_id: int, since: float, until: float) -> int:
+    """Hard XIDs (and lost GPUs) reported by one node in a time window."""
+    rows = session.execute(
+        select(Event.kind, Event.xid).where(
+            Event.node_id == node_id,
+            Event.kind.in_(("xid", "gpu_lost")),
+            Event.ts >= since,
+            Event.ts <= until,
+        )
+    ).all()
+    return sum(
+        1
+        for kind, xid in rows
+        if kind == "gpu_lost" or (xid is not None and describe_xid(xid).action not in SOFT_BUCKETS)
+    )
+
+
+def last_checkpoint_step(
+    session: Session, job: str, before: float, fault_step: int | None, lookback_s: float = 7 * 86400
+) -> int | None:
+    """The step of the job's last completed checkpoint save before the fault."""
+    rows = session.execute(
+        select(Event.data)
+        .where(
+            Event.kind == "checkpoint",
+            Event.ts <= before,
+            Event.ts >= before - lookback_s,
+            Event.job == job,
+        )
+        .order_by(Event.ts.desc())
+        .limit(200)
+    ).scalars()
+    for data in rows:
+        if not isinstance(data, dict) or data.get("phase") not in ("save_end", "save"):
+            continue
+        if data.get("ok") is False:
+            continue
+        step = as_int(data.get("step"))
+        if step is not None and (fault_step is None or step <= fault_step):
+            return step
+    return None
+
+
+def actions_since(session: Session, job_id: int, since: float, level: str | None) -> int:
+    """Automatic (or approved) restart actions taken on a job since `since` (all levels,
+    or one)."""
+    rows = session.scalars(
+        select(Incident.decisions).where(Incident.job_id == job_id, Incident.acted_at >= since)
+    ).all()
+    return sum(
+        1
+        for decisions in rows
+        for d in decisions or ()
+        if d.get("restart")
+        and d.get("mode") != "manual"  # the ladder and the budget govern automatic actions
+        and d.get("at", 0) >= since
+        and (level is None or d.get("level") == level)
+    )
+
+
+def last_action_at(session: Session, job_id: int) -> float | None:
+    return session.scalar(select(func.max(Incident.acted_at)).where(Incident.job_id == job_id))
+
+
+def current_commands(session: Session, inc: Incident) -> list[Command]:
+    """The commands of the incident's current action (issued at or after acted_at)."""
+    stmt = select(Command).where(Command.incident_id == inc.id)
+    if inc.acted_at is not None:
+        stmt = stmt.where(Command.issued_at >= inc.acted_at)
+    return list(session.scalars(stmt))
+
+
+def failed_acks(session: Session, inc: Incident) -> list[tuple[int, str]]:
+    """(node_id, detail) of the current action's commands acked `failed`."""
+    stmt = (
+        select(Command.node_id, CommandAck.detail)
+        .join(CommandAck, CommandAck.command_id == Command.id)
+        .where(Command.incident_id == inc.id, CommandAck.phase == "failed")
+    )
+    if inc.acted_at is not None:
+        stmt = stmt.where(Command.issued_at >= inc.acted_at)
+    return [(n, d) for n, d in session.execute(stmt).all()]
+
+
+def culprit_node(session: Session, inc: Incident) -> int | None:
+    """The node to exclude: the incident's fault node, else the node of a failed command,
+    else the node with the most evidence."""
+    if inc.node_id is not None:
+        return inc.node_id
+    failed = failed_acks(session, inc)
+    if failed:
+        return failed[0][0]
+    counts = Counter(
+        session.scalars(
+            select(IncidentEvidence.node_id).where(
+                IncidentEvidence.incident_id == inc.id, IncidentEvidence.node_id.is_not(None)
+            )
+        ).all()
+    )
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def first_step_after(session: Session, inc: Incident) -> Any:
+    """The first step completed by a later generation than the fault's (or after the
+    restart ack), or None: (step, end)."""
+    conds = []
+    if inc.fault_attempt is not None and inc.fault_iteration is not None:
+        conds.append(
+            or_(
+                Step.attempt > inc.fault_attempt,
+                and_(Step.attempt == inc.fault_attempt, Step.iteration > inc.fault_iteration),
+            )
+        )
+    if inc.restarted_at is not None:
+        conds.append(Step.start >= inc.restarted_at)
+    if not conds or inc.fault_at is None:
+        return None
+    return session.execute(
+        select(Step.step, Step.end)
+        .where(Step.job_id == inc.job_id, Step.end >= inc.fault_at, or_(*conds))
+        .order_by(Step.end)
+        .limit(1)
+    ).first()

@@ -1,0 +1,117 @@
+"""The engine's REST surface: its status (viewer) and the operator's answer to a dry-run
+recommendation (approve / reject, audited with the reason)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, Field
+from sqlalchemy import event
+
+from backend.auth import OperatorDep, ViewerDep
+from backend.commands import service as commands
+from backend.db import SessionDep
+from backend.errors import Conflict
+from backend.models import AuditLog, Incident
+
+router = APIRouter()
+
+IncidentId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+
+class Answer(BaseModel):
+    model_config = {"extra": "forbid"}
+    reason: str = Field(min_length=1, max_length=500)
+
+
+@router.get("/engine", tags=["engine"], summary="Decision engine: leader, policy, activity")
+def engine_status(request: Request, _: ViewerDep) -> dict[str, Any]:
+    engine = getattr(request.app.state, "decision_engine", None)
+    if engine is None:
+        return {"enabled": False, "leader": False, "detail": "TRAINGUARD_ENGINE_ENABLED is off"}
+    status: dict[str, Any] = engine.status()
+    return status
+
+
+def _pending(session: SessionDep, incident_id: int) -> Incident:
+    inc = session.get(Incident, incident_id, with_for_update=True)
+    if inc is None:
+        commands.get_incident(session, incident_id)  # raises NotFound
+        raise AssertionError
+    if inc.status != "pending":
+        raise Conflict(f"incident {incident_id} is {inc.status}, not awaiting approval")
+    return inc
+
+
+@router.post(
+    "/incidents/{incident_id}/approve",
+    tags=["incidents"],
+    status_code=202,
+    summary="Approve a dry-run recommendation: the engine carries it out (operator; audited)",
+    responses={404: {"description": "no such incident"}, 409: {"description": "not pending"}},
+)
+def approve(
+    incident_id: IncidentId, body: Answer, request: Request, session: SessionDep, who: OperatorDep
+) -> dict[str, Any]:
+    inc = _pending(session, incident_id)
+    now = time.time()
+    inc.status = "open"
+    inc.not_before = now  # the leader's engine acts on it at its next cycle
+    inc.outcome = f"approved by {who.name}"
+    inc.decisions = [
+        *inc.decisions,
+        {"at": now, "level": inc.level, "why": body.reason, "by": who.name, "mode": "approved"},
+    ]
+    session.add(
+        AuditLog(
+            ts=now,
+            actor=who.name,
+            action=f"approve:{inc.level}",
+            target=f"incident:{incident_id}",
+            reason=body.reason,
+        )
+    )
+    session.flush()
+    _wake_engine(request, session)
+    return commands.incident_dict(session, inc)
+
+
+@router.post(
+    "/incidents/{incident_id}/reject",
+    tags=["incidents"],
+    summary="Reject a dry-run recommendation (operator; audited)",
+    responses={404: {"description": "no such incident"}, 409: {"description": "not pending"}},
+)
+def reject(
+    incident_id: IncidentId, body: Answer, session: SessionDep, who: OperatorDep
+) -> dict[str, Any]:
+    inc = _pending(session, incident_id)
+    now = time.time()
+    inc.status = "rejected"
+    inc.closed_at = now
+    inc.outcome = f"rejected by {who.name}: {body.reason}"
+    inc.decisions = [
+        *inc.decisions,
+        {"at": now, "level": inc.level, "why": body.reason, "by": who.name, "mode": "rejected"},
+    ]
+    session.add(
+        AuditLog(
+            ts=now,
+            actor=who.name,
+            action=f"reject:{inc.level}",
+            target=f"incident:{incident_id}",
+            reason=body.reason,
+        )
+    )
+    session.flush()
+    return commands.incident_dict(session, inc)
+
+
+def _wake_engine(request: Request, session: SessionDep) -> None:
+    """The engine reads the approval after this request's commit: wake it then."""
+    engine = getattr(request.app.state, "decision_engine", None)
+    if engine is None:
+        return
+    event.listen(session, "after_commit", lambda _s: engine.wake(), once=True)

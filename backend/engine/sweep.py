@@ -1,0 +1,176 @@
+"""The engine's periodic sweep (every `engine_sweep_s`, at most 1 s): what no event
+announces.
+
+- silent nodes: an agent that stopped sending while it hosts live ranks of a job is
+  evidence (`node_down`) for every such job;
+- incidents whose cooldown ended, or that an operator approved, are acted on;
+- incidents whose action failed (a command acked `failed`) climb one level;
+- incidents whose `resumed` ack is missing are resolved by the first completed step of
+  the new generation;
+- hooks whose result was lost (the leader changed while one ran) are carried on.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.engine import queries as q
+from backend.engine.decide import ENGINE_ACTOR, Decider, HookJob
+from backend.engine.evidence import Evidence
+from backend.engine.hooks import HookResult
+from backend.engine.policy import next_level
+from backend.models import Incident, Job, Node, Rank
+
+# A step-derived resumption waits this long for the agents' own `resumed` ack.
+RESUME_GRACE_S = 2.0
+
+
+def silent_nodes(
+    d: Decider, session: Session, now: float, down_after_s: float, seen: set[tuple[int, float]]
+) -> None:
+    max_age = d.policy.model.incidents.max_evidence_age_s
+    nodes = session.scalars(
+        select(Node).where(
+            Node.cordoned.is_(False),
+            Node.last_seen < now - down_after_s,
+            Node.last_seen >= now - down_after_s - max_age,
+        )
+    ).all()
+    for node in nodes:
+        key = (node.id, node.last_seen)
+        if key in seen:
+            continue
+        seen.add(key)
+        hosts = session.scalar(
+            select(Rank.id)
+            .where(
+                Rank.node_id == node.id,
+                Rank.alive.is_(True),
+                Rank.updated_at >= node.last_seen - down_after_s,
+            )
+            .limit(1)
+        )
+        if hosts is None:
+            continue
+        d.handle(
+            session,
+            Evidence(
+                kind="node_down",
+                ts=node.last_seen,  # silent since then (backend clock)
+                received_at=now,
+                node_id=node.id,
+                node=node.name,
+                message=f"agent silent for {now - node.last_seen:.1f} s (node down)",
+                data={"silent_s": round(now - node.last_seen, 3)},
+            ),
+        )
+    if len(seen) > 10000:
+        seen.clear()
+
+
+def due_incidents(d: Decider, session: Session, now: float) -> None:
+    """Open incidents not acted on yet whose time has come: cooldown over, or approved."""
+    rows = session.scalars(
+        select(Incident)
+        .where(
+            Incident.status == "open",
+            Incident.acted_at.is_(None),
+            Incident.not_before.is_not(None),
+            Incident.not_before <= now,
+        )
+        .with_for_update()
+    ).all()
+    for inc in rows:
+        job = session.get(Job, inc.job_id)
+        if job is None:
+            continue
+        last = inc.decisions[-1] if inc.decisions else None
+        if last is not None and last.get("mode") == "approved":
+            d.act(session, inc, job, inc.level, last.get("why", ""), last["by"], "approved")
+        else:
+            d.decide(session, inc, job, inc.level, f"{inc.cause} (after the cooldown)", True)
+
+
+def failed_incidents(d: Decider, session: Session) -> None:
+    """An automatic action that failed climbs one level (escalation.on_failed)."""
+    if not d.policy.model.escalation.on_failed:
+        return
+    rows = session.scalars(
+        select(Incident)
+        .where(Incident.status == "failed", Incident.trigger == "auto")
+        .with_for_update()
+    ).all()
+    for inc in rows:
+        failed = q.failed_acks(session, inc)
+        if not failed or inc.level == "stop_job":
+            continue
+        job = session.get(Job, inc.job_id)
+        if job is None:
+            continue
+        node_id, detail = failed[0]
+        node = session.get(Node, node_id)
+        name = node.name if node is not None else "?"
+        if inc.node_id is None:
+            inc.node_id = node_id
+        inc.escalations += 1
+        up = next_level(inc.level)
+        why = f"the {inc.level} action failed on {name}: {detail}"
+        level, notes = d.plan(session, job, up, d.clock())
+        d.act(session, inc, job, level, "; ".join([why, *notes]), ENGINE_ACTOR, "auto")
+
+
+def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
+    rows = session.scalars(
+        select(Incident)
+        .where(
+            Incident.status == "open",
+            Incident.acted_at.is_not(None),
+            Incident.acted_at <= now - RESUME_GRACE_S,
+            Incident.resumed_at.is_(None),
+        )
+        .with_for_update()
+    ).all()
+    for inc in rows:
+        first = q.first_step_after(session, inc)
+        if first is None or first.end > now - RESUME_GRACE_S:
+            continue
+        inc.resumed_at = first.end
+        inc.status = "resolved"
+        inc.closed_at = now
+        inc.outcome = "resumed (from the job's steps; no resumed ack)"
+        if inc.lost_steps is None and inc.fault_step is not None:
+            inc.lost_steps = max(0, inc.fault_step - first.step + 1)
+        d.touched.add(inc.id)
+        d._count("resumed_from_steps")
+
+
+def orphaned_hooks(
+    d: Decider, session: Session, now: float, running: set[tuple[int, float]]
+) -> None:
+    """A hook that was due under a previous leader never reported: carry on without it."""
+    timeout = d.policy.model.hooks.timeout_s
+    rows = session.scalars(
+        select(Incident).where(
+            Incident.status == "open",
+            Incident.acted_at.is_not(None),
+            Incident.acted_at < now - timeout - 10,
+        )
+    ).all()
+    for inc in rows:
+        last = inc.decisions[-1] if inc.decisions else {}
+        hook = last.get("hook")
+        if not hook or (inc.id, inc.acted_at) in running or q.current_commands(session, inc):
+            continue
+        assert inc.acted_at is not None
+        lost = HookResult(
+            hook,
+            [],
+            False,
+            None,
+            "result lost: the engine's leader changed while it ran",
+            inc.acted_at,
+            0.0,
+        )
+        exclude = frozenset({inc.node_id}) if hook == "cordon" and inc.node_id else frozenset()
+        d.after_hook(session, HookJob(inc.id, inc.acted_at, hook, "", {}, exclude), lost)
