@@ -118,6 +118,10 @@ def _add_local_components(agent_obj) -> None:  # type: ignore[no-untyped-def]
     local = LocalServer(agent_obj)
     agent_obj.add_component(local)
     agent_obj.add_component(CommandLoop(agent_obj, local))
+    if agent_obj.config.store_port:
+        from agent.storehost import StoreHost
+
+        agent_obj.add_component(StoreHost(agent_obj.config.store_port, agent_obj.config.store_host))
 
 
 @app.command()

@@ -52,6 +52,10 @@ class AgentConfig(BaseSettings):
     spool_max_bytes: int = 256 * MIB
     kmsg_path: Path | None = Path("/dev/kmsg")
     inventory_every_s: float = 60.0
+    # Host the NVRx Wrapper's TCPStore on this port (the job's first node), so the store
+    # outlives every rank and a rank 0 fault is survivable (docs/restarts.md).
+    store_port: int | None = Field(default=None, gt=0, lt=32768)
+    store_host: str = "0.0.0.0"
 
     @field_validator("server")
     @classmethod

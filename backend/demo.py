@@ -68,6 +68,7 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
             print(f"trainguard demo: {exc}; see {data_dir / 'server.log'}", file=sys.stderr)
             return 1
         sockets = []
+        store_port = _store_port() if with_job else None
         for i in range(nodes):
             name = f"demo-node-{i}"
             sock = data_dir / f"{name}.sock"
@@ -77,6 +78,8 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
                 "TRAINGUARD_AGENT_SPOOL_DIR": str(data_dir / "spool" / name),
                 "TRAINGUARD_AGENT_SOCKET_PATH": str(sock),
             }
+            if i == 0 and store_port:
+                agent_env["TRAINGUARD_AGENT_STORE_PORT"] = str(store_port)
             procs.append(
                 subprocess.Popen(
                     _cli(
@@ -95,7 +98,7 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
                     stderr=subprocess.STDOUT,
                 )
             )
-        job_note = _start_job(with_job, data_dir, url, token, sockets, env, procs)
+        job_note = _start_job(with_job, data_dir, store_port, sockets, env, procs)
         print(
             f"\ntrainguard demo running\n"
             f"  dashboard: {url}/   (token: {token})\n"
@@ -106,7 +109,17 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
             f"Ctrl-C to stop.",
             flush=True,
         )
-        while all(p.poll() is None for p in procs[: nodes + 1]):
+        core = procs[: nodes + 1]  # the server and the agents
+        job_procs = procs[nodes + 1 :]
+        run = 1
+        while all(p.poll() is None for p in core):
+            if job_procs and all(p.poll() is not None for p in job_procs):
+                # The job finished (or gave up): start the next run, new seed, so the
+                # dashboard keeps showing a live job until Ctrl-C.
+                run += 1
+                job_procs = _launch_job(data_dir, store_port, sockets, env, run)
+                procs.extend(job_procs)
+                print(f"trainguard demo: training run {run} started", flush=True)
             time.sleep(0.5)
         print("trainguard demo: a process exited; stopping", file=sys.stderr)
         return 1
@@ -117,11 +130,18 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
         log.close()
 
 
+def _store_port() -> int | None:
+    try:
+        from agent import demojob
+    except ImportError:
+        return None
+    return demojob.free_port()
+
+
 def _start_job(
     with_job: bool,
     data_dir: Path,
-    url: str,
-    token: str,
+    store_port: int | None,
     sockets: list[str],
     env: dict[str, str],
     procs: list[subprocess.Popen[bytes]],
@@ -129,12 +149,36 @@ def _start_job(
     if not with_job:
         return "none (--no-job)"
     try:
-        from agent import demojob
+        import nvidia_resiliency_ext  # noqa: F401
+        import torch  # noqa: F401
+
+        from agent import demojob  # noqa: F401
     except ImportError as exc:
         return f"not started ({exc}); install the train extra: pip install 'trainguard[train]'"
-    started = demojob.launch(workdir=data_dir / "job", agent_sockets=sockets, env=env)
+    started = _launch_job(data_dir, store_port, sockets, env, 1)
     procs.extend(started)
-    return f"demo training job, {len(started)} launchers (logs in {data_dir / 'job'})"
+    return (
+        f"'demo-1', {len(started)} ft_launchers x 2 ranks, 5 seeded faults (seed 42) after "
+        f"step 10, a new run when one ends (logs in {data_dir / 'job-1'})"
+    )
+
+
+def _launch_job(
+    data_dir: Path, store_port: int | None, sockets: list[str], env: dict[str, str], run: int
+) -> list[subprocess.Popen[bytes]]:
+    from agent import demojob
+
+    assert store_port is not None
+    return demojob.launch(
+        data_dir / f"job-{run}",
+        sockets,
+        store_port,
+        job=f"demo-{run}",
+        faults=5,
+        fault_seed=41 + run,
+        fault_after_step=10,
+        env=env,
+    )
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
