@@ -1,0 +1,62 @@
+"""`trainguard demo`, the README's first command: backend + simulated agents + the real
+training job, all reachable over HTTP, stopped cleanly by Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "demo.out"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent.cli",
+                "demo",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(tmp_path / "demo"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        token = wait_for(lambda: re.search(r"token: (\S+)\)", log.read_text()), 90).group(1)
+        api = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}/api/v1",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=5,
+        )
+        nodes = wait_for(lambda: [n for n in api.get("/nodes").json() if n["gpu_count"] == 2], 60)
+        assert {n["name"] for n in nodes} == {"demo-node-0", "demo-node-1"}
+        assert all(n["simulated"] for n in nodes)
+        # The real torch.distributed job reports steps from all 4 ranks.
+        job = wait_for(
+            lambda: [j for j in api.get("/jobs").json() if (j["last_step"] or 0) >= 20], 180
+        )[0]
+        assert job["name"] == "demo-1" and job["world_size"] == 4
+        ranks = {r["rank"] for r in api.get(f"/jobs/{job['name']}").json()["ranks"]}
+        assert ranks == {0, 1, 2, 3}
+        assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200  # the dashboard
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(60)
+    assert rc == 0, log.read_text()[-2000:]
+    assert "Traceback" not in log.read_text()
