@@ -137,14 +137,15 @@ class Decider:
 
     def _belongs(self, inc: Incident, ev: Evidence) -> bool:
         """Evidence joins the job's latest incident while it is being handled (or the
-        job was given up), or when it happened within the merge window of its fault or
-        before it resumed."""
+        job was given up); after it ended, only evidence of what happened before the
+        job resumed (or, without a resumption, within the merge window of the fault)
+        joins it: a fault after a successful restart is a new episode."""
         if inc.status in (*ACTIVE_STATUSES, "stopped"):
             return True
-        end = inc.fault_at or 0.0
         if inc.resumed_at is not None:
-            end = max(end, inc.resumed_at)
-        return ev.ts <= max(end, (inc.fault_at or 0.0) + self.policy.model.incidents.merge_window_s)
+            return ev.ts <= inc.resumed_at
+        window = self.policy.model.incidents.merge_window_s
+        return ev.ts <= (inc.fault_at or 0.0) + window
 
     def _record(
         self,
@@ -327,7 +328,8 @@ class Decider:
         mode: str,
     ) -> None:
         """Carry out a decision now: commands, cordon and hooks, or giving up."""
-        now = self.clock()
+        # Strictly later than the action it supersedes: acks are told apart by it.
+        now = max(self.clock(), (inc.acted_at or 0.0) + 1e-6)
         restart = level != "stop_job"
         entry: dict[str, Any] = {
             "at": now,
@@ -391,7 +393,7 @@ class Decider:
     ) -> int:
         """Command rows for the agents of the nodes hosting the job (durable: an agent
         gets them when it next polls, after any reconnect)."""
-        now = self.clock()
+        now = max(self.clock(), inc.acted_at or 0.0)  # never before the action they carry
         targets = q.job_nodes(session, job.id, now - self.fresh_within_s, exclude)
         if not targets:
             inc.status = "failed"

@@ -16,9 +16,7 @@ from agent.xid import describe_xid
 from backend.engine.policy import RECOVERY_ACTIONS, Policy
 
 # Event kinds the engine reads; the rest (samples, steps, logs) never wake it.
-EVIDENCE_KINDS = frozenset(
-    {"xid", "gpu_lost", "rank_exit", "exception", "hang", "heartbeat_lost", "checkpoint"}
-)
+EVIDENCE_KINDS = frozenset({"xid", "gpu_lost", "rank_exit", "exception", "hang", "heartbeat_lost"})
 JOB_CAUSES = ("exception", "hang", "rank_exit", "heartbeat_lost")
 # XID buckets that do not make the GPU suspect (the application's fault, or harmless).
 SOFT_BUCKETS = frozenset({"RESTART_APP", "IGNORE", "UNKNOWN"})

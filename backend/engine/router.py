@@ -62,7 +62,7 @@ def approve(
     inc.outcome = f"approved by {who.name}"
     inc.decisions = [
         *inc.decisions,
-        {"at": now, "level": inc.level, "why": body.reason, "by": who.name, "mode": "approved"},
+        {"at": now, "level": inc.level, "why": body.reason, "by": who.name, "mode": "approval"},
     ]
     session.add(
         AuditLog(
@@ -94,7 +94,7 @@ def reject(
     inc.outcome = f"rejected by {who.name}: {body.reason}"
     inc.decisions = [
         *inc.decisions,
-        {"at": now, "level": inc.level, "why": body.reason, "by": who.name, "mode": "rejected"},
+        {"at": now, "level": inc.level, "why": body.reason, "by": who.name, "mode": "rejection"},
     ]
     session.add(
         AuditLog(

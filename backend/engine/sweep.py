@@ -86,7 +86,7 @@ def due_incidents(d: Decider, session: Session, now: float) -> None:
         if job is None:
             continue
         last = inc.decisions[-1] if inc.decisions else None
-        if last is not None and last.get("mode") == "approved":
+        if last is not None and last.get("mode") == "approval":
             d.act(session, inc, job, inc.level, last.get("why", ""), last["by"], "approved")
         else:
             d.decide(session, inc, job, inc.level, f"{inc.cause} (after the cooldown)", True)

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from agent import wire
 from backend.engine.engine import DecisionEngine
 from backend.engine.leader import SingleProcessLeadership
 from backend.engine.policy import load_policy
-from backend.models import Command, Incident
+from backend.models import Command, Incident, Node, Rank
 
 # Ranks stay "live" for the whole test whatever the test clock says.
 FRESH_S = 3600.0
@@ -68,6 +68,19 @@ class Cluster:
     def event(self, node: str, kind: str, ts: float | None = None, **kw: Any) -> None:
         self.post(node, events=[wire.Event(kind=kind, ts=self.clock.t if ts is None else ts, **kw)])
 
+    def age_node(self, node: str, seconds: float) -> None:
+        """Make a node's agent silent for `seconds` more (backend clock): its last batch
+        and its ranks' reports move back in time."""
+        with self.engine.sessions() as s, s.begin():
+            n = s.scalar(select(Node).where(Node.name == node))
+            assert n is not None
+            n.last_seen -= seconds
+            s.execute(
+                update(Rank)
+                .where(Rank.node_id == n.id)
+                .values(updated_at=Rank.updated_at - seconds)
+            )
+
     def decide(self) -> None:
         assert self.engine.run_once()
 
@@ -96,8 +109,6 @@ class Cluster:
             rows = s.execute(
                 select(Command.id, Command.node_id).where(Command.delivered_at.is_(None))
             ).all()
-            from backend.models import Node
-
             names = {nid: s.get(Node, nid).name for _, nid in rows}  # type: ignore[union-attr]
         for cid, nid in rows:
             self.ack(cid, names[nid], "delivered", "torn_down", "restarted", "resumed")
