@@ -18,6 +18,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
 
 from backend import db, errors, metrics
+from backend.analytics import monitor as analytics
+from backend.analytics.router import router as analytics_router
 from backend.auth import TokenCache, ViewerDep
 from backend.catalog.router import router as catalog_router
 from backend.cluster import service as cluster_service
@@ -89,6 +91,13 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.engine_enabled
         else None
     )
+    analytics_monitor = analytics.from_settings(
+        settings,
+        sessions,
+        publish=lambda ev: bus.publish("events", "event", ev),
+        # Straggler flags are written by the engine's leader only (one writer per database).
+        is_leader=lambda: decision_engine is None or decision_engine.leadership.is_leader,
+    )
 
     async def nodes_snapshot() -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
@@ -118,10 +127,14 @@ def create_app(settings: Settings) -> FastAPI:
         if decision_engine is not None:
             decision_engine.start()
         ticker = asyncio.create_task(nodes_ticker())
+        analytics_task = asyncio.create_task(
+            analytics.run_periodically(analytics_monitor, settings.analytics_interval_s)
+        )
         try:
             yield
         finally:
             ticker.cancel()
+            analytics_task.cancel()
             if decision_engine is not None:
                 await asyncio.to_thread(decision_engine.stop)  # releases the lock
             await asyncio.to_thread(writer.stop)  # drain in-flight ingest
@@ -142,6 +155,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.commands_notifier = notifier
     app.state.decision_engine = decision_engine
     app.state.nodes_snapshot = nodes_snapshot
+    app.state.analytics = analytics_monitor
+    app.state.straggler_config = analytics_monitor.cfg
     errors.install(app)
 
     @app.exception_handler(RequestValidationError)
@@ -156,6 +171,7 @@ def create_app(settings: Settings) -> FastAPI:
     api.include_router(commands_router)
     api.include_router(engine_router)
     api.include_router(live_router)
+    api.include_router(analytics_router)
     api.include_router(catalog_router)
     app.include_router(api)
 

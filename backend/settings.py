@@ -36,6 +36,25 @@ class Settings(BaseSettings):
     writer_max_delay_s: float = 0.05
     # Long-poll cap for agents' command requests.
     command_wait_max_s: float = 30.0
+    # Analytics (docs/goodput.md). Stragglers: a rank is flagged when its relative score
+    # (cohort reference step time / its median) stays below the threshold for K windows of
+    # `straggler_window_steps` steps, unflagged after K' windows at or above the unflag one.
+    straggler_threshold: float = 0.75
+    straggler_unflag_threshold: float = 0.85
+    straggler_window_steps: int = 20
+    straggler_flag_windows: int = 3
+    straggler_unflag_windows: int = 3
+    # The cohort reference: this quantile of the ranks' medians (0 = the fastest rank).
+    straggler_reference_quantile: float = 0.1
+    # Period of the straggler evaluation (and the gauges' clock); 0 turns it off.
+    analytics_interval_s: float = 5.0
+    # How often the goodput gauges on /metrics are recomputed.
+    goodput_refresh_s: float = 60.0
+    # A job silent this long is over: its goodput clock stops at its last step.
+    goodput_idle_after_s: float = 300.0
+    # MTBF of one GPU assumed by the advice while a job has seen no failure
+    # (Llama 3: 54 days x 16,384 GPUs / 419 unexpected interruptions).
+    advice_mtbf_per_gpu_h: float = 50677.0
     # Decision engine (docs/engine.md): runs where this is on, while the replica leads
     # (SQLite: always; PostgreSQL: the holder of the advisory lock).
     engine_enabled: bool = True
@@ -57,6 +76,24 @@ class Settings(BaseSettings):
             return None  # an empty variable means "not set"
         if v is not None and len(v) < 16:
             raise ValueError("TRAINGUARD_ADMIN_TOKEN must be at least 16 characters")
+        return v
+
+    @field_validator(
+        "straggler_threshold",
+        "straggler_unflag_threshold",
+        "straggler_window_steps",
+        "straggler_flag_windows",
+        "straggler_unflag_windows",
+        "goodput_refresh_s",
+        "goodput_idle_after_s",
+        "advice_mtbf_per_gpu_h",
+    )
+    @classmethod
+    def _analytics_positive(cls, v: float) -> float:
+        # Cross-field rules (threshold <= unflag threshold, window >= 2) are checked by
+        # StragglerConfig when the app is created.
+        if v <= 0:
+            raise ValueError("must be > 0")
         return v
 
     @field_validator("node_down_after_s", "writer_max_delay_s", "raw_retention_s")

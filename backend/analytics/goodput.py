@@ -1,0 +1,299 @@
+"""Goodput and badput accounting of one job over one time window (pure; docs/goodput.md).
+
+The window [since, until] is cut into labelled pieces so that productive time plus the
+badput buckets add up to the elapsed time exactly. Where labelled intervals overlap, the
+highest priority wins:
+
+    checkpoint_restore > checkpoint_save > recovery > wasted_progress > step > initialization
+
+and time no interval covers is `other`. The intervals:
+
+- step: cohort step n of a generation occupies (end of the previous cohort step of the same
+  generation, end of step n]; the first step of a generation [its start, its end]. A cohort
+  step's start is the earliest rank's start, its end the slowest rank's end. The time left
+  to a step after carve-outs is split into productive (up to k x ideal, k = the step
+  numbers it covers) and straggler (the excess). ideal = mean of the per-step times that
+  are <= median + 3 MAD (ml-goodput-measurement).
+- wasted_progress: every execution of a step number that is executed again later (a
+  rollback), i.e. all but the last execution.
+- recovery: every incident, fault_at -> resumed_at (without resumed_at: to the end of the
+  first cohort step that ends after the fault, else to `until`); and every gap between
+  generations (last step end of one -> first step start of the next).
+- checkpoint_save / checkpoint_restore: the blocking part reported by the SDK,
+  [ts - blocking_s, ts] of each *_end event, merged over ranks.
+- initialization: job start -> start of the job's first step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+BUCKETS = (
+    "initialization",
+    "checkpoint_save",
+    "checkpoint_restore",
+    "recovery",
+    "wasted_progress",
+    "straggler",
+    "other",
+)
+
+# Interval priorities, highest first (lower number wins).
+_RESTORE, _SAVE, _RECOVERY, _WASTED, _STEP, _INIT = range(6)
+_PRIO_BUCKET = {
+    _RESTORE: "checkpoint_restore",
+    _SAVE: "checkpoint_save",
+    _RECOVERY: "recovery",
+    _WASTED: "wasted_progress",
+    _INIT: "initialization",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CohortStep:
+    attempt: int
+    iteration: int
+    step: int
+    start: float  # the earliest rank's start
+    end: float  # the slowest rank's end
+
+
+@dataclass(frozen=True, slots=True)
+class Disruption:
+    """A change of generation: the old one's last step end, the new one's first start."""
+
+    last_end: float
+    first_start: float
+    attempt: int
+    iteration: int
+    covered_by_incident: bool
+
+
+@dataclass
+class Accounting:
+    since: float
+    until: float
+    elapsed_s: float
+    productive_s: float
+    badput: dict[str, float]
+    series: list[dict[str, float]]
+    ideal_step_s: float | None
+    productive_steps: int
+    wasted_steps: int
+    disruptions: list[Disruption] = field(default_factory=list)
+
+    @property
+    def goodput(self) -> float | None:
+        return self.productive_s / self.elapsed_s if self.elapsed_s > 0 else None
+
+
+def ideal_step_time(times: Sequence[float]) -> float | None:
+    """Mean of the step times <= median + 3 MAD (ml-goodput-measurement's ideal)."""
+    if not times:
+        return None
+    s = sorted(times)
+    med = _median(s)
+    mad = _median(sorted(abs(x - med) for x in s))
+    cutoff = med + 3 * mad + 1e-9 * abs(med)  # float noise must not drop equal steps
+    kept = [x for x in s if x <= cutoff]
+    return sum(kept) / len(kept)
+
+
+def _median(s: Sequence[float]) -> float:
+    n = len(s)
+    h = n >> 1
+    return s[h] if n & 1 else (s[h - 1] + s[h]) * 0.5
+
+
+def merge(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Union of intervals, sorted."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def account(
+    steps: Sequence[CohortStep],
+    *,
+    job_start: float,
+    first_step_start: float | None,
+    since: float,
+    until: float,
+    saves: Sequence[tuple[float, float]] = (),
+    restores: Sequence[tuple[float, float]] = (),
+    incidents: Sequence[tuple[float, float | None]] = (),
+    points: int = 24,
+) -> Accounting:
+    """Account [since, until]. `steps` must hold every cohort step that ends in the window
+    (earlier ones may be included: they give the first step its start); first_step_start
+    is the start of the job's very first step (None: no step yet)."""
+    since = max(since, job_start)
+    until = max(until, since)
+    elapsed = until - since
+    order = sorted(steps, key=lambda s: (s.end, s.start))
+
+    # Step intervals and their kinds.
+    prev_end: dict[tuple[int, int], tuple[int, float]] = {}
+    last_exec: dict[int, int] = {}  # step number -> index of its last execution
+    intervals: list[tuple[float, float, int, int]] = []  # (a, b, prio, step index or -1)
+    k_of: list[int] = []
+    for i, s in enumerate(order):
+        gen = (s.attempt, s.iteration)
+        p = prev_end.get(gen)
+        if p is None:
+            a, k = s.start, 1
+        else:
+            a, k = p[1], max(1, s.step - p[0])
+        prev_end[gen] = (s.step, s.end)
+        k_of.append(k)
+        intervals.append((a, s.end, _STEP, i))
+        last_exec[s.step] = i
+    wasted = {i for i, s in enumerate(order) if last_exec[s.step] != i}
+    intervals = [(a, b, _WASTED if i in wasted else p, i) for a, b, p, i in intervals]
+
+    # Generations and the gaps between them.
+    gens: dict[tuple[int, int], list[float]] = {}
+    for s in order:
+        g = gens.setdefault((s.attempt, s.iteration), [s.start, s.end])
+        g[0] = min(g[0], s.start)
+        g[1] = max(g[1], s.end)
+    ends = [s.end for s in order]
+    incident_spans = []
+    for fault, resumed in incidents:
+        if resumed is None:
+            j = bisect.bisect_right(ends, fault)
+            resumed = ends[j] if j < len(ends) else until
+        incident_spans.append((fault, max(fault, resumed)))
+    incident_spans = merge(incident_spans)
+    disruptions = []
+    by_start = sorted(gens.items(), key=lambda kv: kv[1][0])
+    for (_, (_, last_end)), ((att, it), (first_start, _)) in itertools.pairwise(by_start):
+        if first_start > last_end:
+            intervals.append((last_end, first_start, _RECOVERY, -1))
+        covered = any(a <= first_start and b >= last_end for a, b in incident_spans)
+        disruptions.append(Disruption(last_end, first_start, att, it, covered))
+    intervals += [(a, b, _RECOVERY, -1) for a, b in incident_spans]
+    intervals += [(a, b, _SAVE, -1) for a, b in merge(saves)]
+    intervals += [(a, b, _RESTORE, -1) for a, b in merge(restores)]
+    if first_step_start is not None and first_step_start > job_start:
+        intervals.append((job_start, first_step_start, _INIT, -1))
+    elif first_step_start is None:
+        intervals.append((job_start, until, _INIT, -1))
+
+    totals, series_raw, step_cov, pieces = _sweep(intervals, since, until, points)
+
+    # Productive vs straggler: each step's time after carve-outs, against the ideal.
+    times = [step_cov[i] / k_of[i] for i in step_cov if i not in wasted and step_cov[i] > 0]
+    ideal = ideal_step_time(times)
+    ratio: dict[int, float] = {}
+    for i, cov in step_cov.items():
+        if i in wasted or cov <= 0 or ideal is None:
+            continue
+        ratio[i] = min(cov, k_of[i] * ideal) / cov
+    productive = 0.0
+    for i, bucket, dt in pieces:
+        if i in wasted:
+            continue
+        good = dt * ratio.get(i, 1.0)
+        productive += good
+        totals["straggler"] += dt - good
+        series_raw[bucket]["productive"] += good
+        series_raw[bucket]["straggler"] += dt - good
+    width = elapsed / points if points else 0.0
+    series = []
+    for b, row in enumerate(series_raw):
+        span = sum(row.values())
+        series.append(
+            {
+                "t": since + b * width,
+                "dt": width,
+                "goodput": row["productive"] / span if span > 0 else 0.0,
+                "productive_s": row["productive"],
+                **{k: row[k] for k in BUCKETS},
+            }
+        )
+    in_window = {i for i, _, _ in pieces}
+    return Accounting(
+        since=since,
+        until=until,
+        elapsed_s=elapsed,
+        productive_s=productive,
+        badput={k: totals[k] for k in BUCKETS},
+        series=series,
+        ideal_step_s=ideal,
+        productive_steps=len(in_window - wasted),
+        wasted_steps=len(in_window & wasted),
+        disruptions=disruptions,
+    )
+
+
+def _sweep(
+    intervals: list[tuple[float, float, int, int]], since: float, until: float, points: int
+) -> tuple[
+    dict[str, float], list[dict[str, float]], dict[int, float], list[tuple[int, int, float]]
+]:
+    """Assign every instant to the highest-priority interval covering it.
+
+    Returns the bucket totals inside [since, until] (steps not yet split), per-series-bucket
+    rows, each step's covered time (over all time, so a step cut by the window edge is still
+    judged on its whole length) and the in-window pieces of steps (index, bucket, dt)."""
+    points = max(1, points)
+    width = (until - since) / points
+    cuts = [since + b * width for b in range(points)] + [until]
+    events: list[tuple[float, int, int, int]] = []  # (t, +1 open / -1 close, prio, index)
+    for a, b, prio, idx in intervals:
+        if b > a:
+            events.append((a, 1, prio, idx))
+            events.append((b, -1, prio, idx))
+    times = sorted({t for t, *_ in events} | set(cuts))
+    events.sort(key=lambda e: e[0])
+    counts = [0] * 6
+    active_steps: dict[int, int] = {}  # index -> prio (wasted or step)
+    totals = dict.fromkeys(BUCKETS, 0.0)
+    rows = [dict.fromkeys(("productive", *BUCKETS), 0.0) for _ in range(points)]
+    step_cov: dict[int, float] = {}
+    pieces: list[tuple[int, int, float]] = []
+    e = 0
+    n_ev = len(events)
+    for j in range(len(times) - 1):
+        t = times[j]
+        while e < n_ev and events[e][0] <= t:
+            _, sign, prio, idx = events[e]
+            counts[prio] += sign
+            if idx >= 0:
+                if sign > 0:
+                    active_steps[idx] = prio
+                else:
+                    active_steps.pop(idx, None)
+            e += 1
+        t2 = times[j + 1]
+        dt = t2 - t
+        top = next((p for p in range(6) if counts[p] > 0), None)
+        step_idx = -1
+        if top in (_WASTED, _STEP):
+            step_idx = max(i for i, p in active_steps.items() if p == top)
+            step_cov[step_idx] = step_cov.get(step_idx, 0.0) + dt
+        if t < since or t2 > until or dt <= 0:
+            continue
+        bucket = min(points - 1, max(0, bisect.bisect_right(cuts, t) - 1))
+        if top is None:
+            label = "other"
+        elif step_idx >= 0:
+            if top == _WASTED:
+                totals["wasted_progress"] += dt
+                rows[bucket]["wasted_progress"] += dt
+            pieces.append((step_idx, bucket, dt))
+            continue
+        else:
+            label = _PRIO_BUCKET[top]
+        totals[label] += dt
+        rows[bucket][label] += dt
+    return totals, rows, step_cov, pieces
