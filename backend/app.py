@@ -33,6 +33,7 @@ from backend.ingest.writer import IngestWriter, Stored
 from backend.jobs.router import router as jobs_router
 from backend.live.bus import LiveBus
 from backend.live.router import router as live_router
+from backend.retention import Retention, RetentionPolicy
 from backend.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,22 @@ def create_app(settings: Settings) -> FastAPI:
         on_stored=lambda stored: _after_store(stored),
     )
     notifier = Notifier()
+    retention = Retention(
+        engine,
+        RetentionPolicy(
+            settings.raw_retention_s,
+            settings.rollup_60_retention_s,
+            settings.rollup_900_retention_s,
+        ),
+    )
+
+    async def prune_periodically() -> None:
+        while True:
+            await asyncio.sleep(settings.retention_interval_s)
+            try:
+                await asyncio.to_thread(retention.run_once)
+            except Exception as exc:  # the database may be down: try next time
+                log.warning("retention run failed: %s", exc)
     # The decision engine (docs/engine.md); it decides only while this replica leads.
     decision_engine = (
         DecisionEngine.from_settings(settings, sessions, notifier, bus)
@@ -127,6 +144,7 @@ def create_app(settings: Settings) -> FastAPI:
         if decision_engine is not None:
             decision_engine.start()
         ticker = asyncio.create_task(nodes_ticker())
+        pruner = asyncio.create_task(prune_periodically())
         analytics_task = asyncio.create_task(
             analytics.run_periodically(analytics_monitor, settings.analytics_interval_s)
         )
@@ -134,6 +152,7 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             ticker.cancel()
+            pruner.cancel()
             analytics_task.cancel()
             if decision_engine is not None:
                 await asyncio.to_thread(decision_engine.stop)  # releases the lock

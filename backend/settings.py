@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = 8 * 1024 * 1024
     # How long a GPU's raw samples are kept (the benchmarks issue adds rollups beyond it).
     raw_retention_s: float = 6 * 3600
+    # Then 60 s rollups for a week, 900 s rollups for 90 days (backend/retention.py).
+    rollup_60_retention_s: float = 7 * 86400
+    rollup_900_retention_s: float = 90 * 86400
+    retention_interval_s: float = 60.0
     # Writer: group commit of concurrent ingest batches.
     writer_max_delay_s: float = 0.05
     # Long-poll cap for agents' command requests.
@@ -96,7 +100,14 @@ class Settings(BaseSettings):
             raise ValueError("must be > 0")
         return v
 
-    @field_validator("node_down_after_s", "writer_max_delay_s", "raw_retention_s")
+    @field_validator(
+        "node_down_after_s",
+        "writer_max_delay_s",
+        "raw_retention_s",
+        "rollup_60_retention_s",
+        "rollup_900_retention_s",
+        "retention_interval_s",
+    )
     @classmethod
     def _positive(cls, v: float) -> float:
         if v <= 0:

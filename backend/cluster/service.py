@@ -10,8 +10,19 @@ from sqlalchemy.orm import Session
 
 from backend.errors import NotFound
 from backend.models import SAMPLE_READINGS, Event, Gpu, Node, Sample
+from backend.retention import rollup_rows
 
 XID_DEGRADES_FOR_S = 600.0
+_ROLLUP_MEANS = (
+    "util",
+    "mem_util",
+    "mem_used_mib",
+    "temp_c",
+    "power_w",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+)
+_ROLLUP_MAXES = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remapped_uncorrectable", "pcie_replay")
 _FLAGS = {"remap_pending", "remap_failure"}
 _COUNTERS = {
     "clock_event_reasons",
@@ -108,24 +119,28 @@ def gpu_series(
             cols.append(func.max(col))
         else:
             cols.append(func.avg(cast(col, Float)))
-    rows = session.execute(
-        select(*cols)
-        .where(and_(Sample.gpu_id == gpu.id, Sample.ts >= since, Sample.ts <= until))
-        .group_by(bucket)
-        .order_by(bucket)
-    ).all()
     names = ["ts", *SAMPLE_READINGS]
+    buckets: dict[int, list[Any]] = {
+        row[0]: list(row[1:])
+        for row in session.execute(
+            select(*cols)
+            .where(and_(Sample.gpu_id == gpu.id, Sample.ts >= since, Sample.ts <= until))
+            .group_by(bucket)
+        ).all()
+    }
+    # Older than the raw window: the rollups (backend/retention.py) fill the buckets.
+    for b, vals in _rollup_buckets(session, gpu.id, since, until, width).items():
+        buckets.setdefault(b, vals)
     columns: dict[str, list[Any]] = {n: [] for n in names}
     prev: int | None = None
-    for row in rows:
-        b = row[0]
+    for b in sorted(buckets):
         if prev is not None and b - prev > 1:
             # A gap in the data: one row of nulls so the chart breaks the line.
             columns["ts"].append(since + (prev + 1) * width)
             for n in SAMPLE_READINGS:
                 columns[n].append(None)
         prev = b
-        for n, v in zip(names, row[1:], strict=True):
+        for n, v in zip(names, buckets[b], strict=True):
             if n in _FLAGS and v is not None:
                 v = bool(v)
             columns[n].append(v)
@@ -137,6 +152,32 @@ def gpu_series(
         "points": points,
         "columns": columns,
     }
+
+
+def _rollup_buckets(
+    session: Session, gpu_id: int, since: float, until: float, width: float
+) -> dict[int, list[Any]]:
+    """Rollup rows folded into the chart's buckets: means weighted by sample count, max of
+    counters; readings a rollup does not keep are None."""
+    acc: dict[int, dict[str, Any]] = {}
+    for r in rollup_rows(session.connection(), gpu_id, since, until):
+        b = int((r["ts"] - since) // width)
+        a = acc.setdefault(b, {"n": 0, "sums": {}, "weights": {}, "max": {}})
+        n = r["n"]
+        a["n"] += n
+        for f in ("ts", *_ROLLUP_MEANS):
+            if r[f] is not None:
+                a["sums"][f] = a["sums"].get(f, 0.0) + r[f] * n
+                a["weights"][f] = a["weights"].get(f, 0) + n
+        for f in _ROLLUP_MAXES:
+            if r[f] is not None:
+                a["max"][f] = max(a["max"].get(f, r[f]), r[f])
+    out: dict[int, list[Any]] = {}
+    for b, a in acc.items():
+        vals: dict[str, Any] = {f: a["sums"][f] / a["weights"][f] for f in a["sums"]}
+        vals.update(a["max"])
+        out[b] = [vals.get("ts"), *(vals.get(f) for f in SAMPLE_READINGS)]
+    return out
 
 
 def event_dict(e: Event, node_name: str | None) -> dict[str, Any]:

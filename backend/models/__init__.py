@@ -2,7 +2,15 @@
 
 from backend.models.auth import ApiToken
 from backend.models.base import Base
-from backend.models.cluster import SAMPLE_READINGS, Event, Gpu, IngestBatch, Node, Sample
+from backend.models.cluster import (
+    SAMPLE_READINGS,
+    Event,
+    Gpu,
+    IngestBatch,
+    Node,
+    Sample,
+    SampleRollup,
+)
 from backend.models.control import TIMELINE, AuditLog, Command, CommandAck, Incident
 from backend.models.jobs import Job, Rank, Step
 
@@ -22,5 +30,6 @@ __all__ = [
     "Node",
     "Rank",
     "Sample",
+    "SampleRollup",
     "Step",
 ]

@@ -84,7 +84,7 @@ class Sample(Base):
     """GPU readings at one instant (raw; bounded retention)."""
 
     __tablename__ = "samples"
-    __table_args__ = (Index("ix_samples_gpu_ts", "gpu_id", "ts"),)
+    __table_args__ = (Index("ix_samples_gpu_ts", "gpu_id", "ts"), Index("ix_samples_ts", "ts"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
@@ -106,6 +106,31 @@ class Sample(Base):
     remapped_uncorrectable: Mapped[int | None] = mapped_column(Integer)
     remap_pending: Mapped[bool | None] = mapped_column(Boolean)
     remap_failure: Mapped[bool | None] = mapped_column(Boolean)
+    pcie_replay: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class SampleRollup(Base):
+    """Samples aggregated into fixed windows (60 s, then 900 s) once raw data expires."""
+
+    __tablename__ = "sample_rollups"
+
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True)
+    width_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[float] = mapped_column(Float, primary_key=True)  # window start, Unix s
+    n: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)  # mean sample time in the window
+    util: Mapped[float | None] = mapped_column(REAL)
+    util_max: Mapped[float | None] = mapped_column(REAL)
+    mem_util: Mapped[float | None] = mapped_column(REAL)
+    mem_used_mib: Mapped[float | None] = mapped_column(REAL)
+    temp_c: Mapped[float | None] = mapped_column(REAL)
+    temp_max: Mapped[float | None] = mapped_column(REAL)
+    power_w: Mapped[float | None] = mapped_column(REAL)
+    sm_clock_mhz: Mapped[float | None] = mapped_column(REAL)
+    mem_clock_mhz: Mapped[float | None] = mapped_column(REAL)
+    ecc_sbe_volatile: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_dbe_volatile: Mapped[int | None] = mapped_column(BigInteger)
+    remapped_uncorrectable: Mapped[int | None] = mapped_column(Integer)
     pcie_replay: Mapped[int | None] = mapped_column(BigInteger)
 
 

@@ -1,0 +1,145 @@
+"""Retention: raw samples for a bounded window, rollups beyond it, pruned in the background.
+
+Every `interval` the pruner folds raw samples older than `raw_retention_s` into 60 s
+rollups and deletes them, folds 60 s rollups older than `rollup_60_retention_s` into
+900 s rollups, and deletes 900 s rollups older than `rollup_900_retention_s`. Windows are
+aligned to their width, so a window is folded whole; a late sample (a spool replayed after
+its window was folded) is merged into the existing rollup by weighted mean. On PostgreSQL
+one replica at a time prunes (a transaction-level advisory lock); the others skip.
+Long history belongs in Prometheus (`/metrics`); this keeps the charts' last weeks cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+log = logging.getLogger(__name__)
+
+_LOCK_KEY = 0x7452_4554  # "tRET"
+# (column, how to fold it): mean weighted by sample count, or max.
+_MEAN = ("util", "mem_util", "mem_used_mib", "temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz")
+_MAX = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remapped_uncorrectable", "pcie_replay")
+
+
+@dataclass
+class RetentionPolicy:
+    raw_retention_s: float = 6 * 3600
+    rollup_60_retention_s: float = 7 * 86400
+    rollup_900_retention_s: float = 90 * 86400
+
+
+def _window(dialect: str, col: str, width: int) -> str:
+    # floor(col / width) * width; SQLite's CAST truncates, which is floor for t >= 0.
+    if dialect == "postgresql":
+        return f"floor({col} / {width}) * {width}"
+    return f"CAST({col} / {width} AS INTEGER) * {width}"
+
+
+def _upsert_tail() -> str:
+    """ON CONFLICT clause merging a late window into an existing rollup."""
+    sets = [
+        "n = sample_rollups.n + excluded.n",
+        "ts = (sample_rollups.ts * sample_rollups.n + excluded.ts * excluded.n)"
+        " / (sample_rollups.n + excluded.n)",
+    ]
+    for c in _MEAN:
+        sets.append(
+            f"{c} = COALESCE((sample_rollups.{c} * sample_rollups.n + excluded.{c} * excluded.n)"
+            f" / (sample_rollups.n + excluded.n), sample_rollups.{c}, excluded.{c})"
+        )
+    for c in (*_MAX, "util_max", "temp_max"):
+        sets.append(
+            f"{c} = CASE WHEN excluded.{c} > sample_rollups.{c} OR sample_rollups.{c}"
+            f" IS NULL THEN excluded.{c} ELSE sample_rollups.{c} END"
+        )
+    return "ON CONFLICT (gpu_id, width_s, bucket) DO UPDATE SET " + ", ".join(sets)
+
+
+_COLS = ("gpu_id", "width_s", "bucket", "n", "ts", *_MEAN, "util_max", "temp_max", *_MAX)
+
+
+def _fold_raw_sql(dialect: str) -> str:
+    w = _window(dialect, "ts", 60)
+    means = ", ".join(f"AVG({c})" for c in _MEAN)
+    maxes = ", ".join(f"MAX({c})" for c in _MAX)
+    return (
+        f"INSERT INTO sample_rollups ({', '.join(_COLS)}) "
+        f"SELECT gpu_id, 60, {w}, COUNT(*), AVG(ts), {means}, MAX(util), MAX(temp_c), {maxes} "
+        f"FROM samples WHERE ts < :cutoff GROUP BY gpu_id, {w} " + _upsert_tail()
+    )
+
+
+def _fold_60_sql(dialect: str) -> str:
+    w = _window(dialect, "bucket", 900)
+    means = ", ".join(
+        f"SUM({c} * n) / NULLIF(SUM(CASE WHEN {c} IS NULL THEN 0 ELSE n END), 0)" for c in _MEAN
+    )
+    maxes = ", ".join(f"MAX({c})" for c in _MAX)
+    return (
+        f"INSERT INTO sample_rollups ({', '.join(_COLS)}) "
+        f"SELECT gpu_id, 900, {w}, SUM(n), SUM(ts * n) / SUM(n), {means}, MAX(util_max), "
+        f"MAX(temp_max), {maxes} FROM sample_rollups WHERE width_s = 60 AND bucket < :cutoff "
+        f"GROUP BY gpu_id, {w} " + _upsert_tail()
+    )
+
+
+class Retention:
+    def __init__(self, engine: Engine, policy: RetentionPolicy) -> None:
+        self.engine = engine
+        self.policy = policy
+        self.dialect = engine.dialect.name
+        self.last: dict[str, Any] = {}
+
+    def run_once(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        p = self.policy
+        # Cut on window boundaries so every folded window is whole.
+        raw_cut = (now - p.raw_retention_s) // 60 * 60
+        cut_60 = (now - p.rollup_60_retention_s) // 900 * 900
+        cut_900 = now - p.rollup_900_retention_s
+        with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                got = conn.execute(
+                    text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": _LOCK_KEY}
+                ).scalar()
+                if not got:
+                    return {"skipped": "another replica is pruning"}
+            conn.execute(text(_fold_raw_sql(self.dialect)), {"cutoff": raw_cut})
+            raw = conn.execute(text("DELETE FROM samples WHERE ts < :c"), {"c": raw_cut}).rowcount
+            conn.execute(text(_fold_60_sql(self.dialect)), {"cutoff": cut_60})
+            r60 = conn.execute(
+                text("DELETE FROM sample_rollups WHERE width_s = 60 AND bucket < :c"),
+                {"c": cut_60},
+            ).rowcount
+            r900 = conn.execute(
+                text("DELETE FROM sample_rollups WHERE width_s = 900 AND bucket < :c"),
+                {"c": cut_900},
+            ).rowcount
+        self.last = {
+            "at": now,
+            "raw_folded": raw,
+            "rollups_60_folded": r60,
+            "rollups_900_dropped": r900,
+        }
+        if raw or r60 or r900:
+            log.info("retention: %s", self.last)
+        return self.last
+
+
+def rollup_rows(conn: Any, gpu_id: int, since: float, until: float) -> list[dict[str, Any]]:
+    """Rollups of a GPU in a time range, as sample-shaped rows (for the chart reads)."""
+    rows = conn.execute(
+        text(
+            "SELECT ts, n, util, mem_util, mem_used_mib, temp_c, power_w, sm_clock_mhz, "
+            "mem_clock_mhz, ecc_sbe_volatile, ecc_dbe_volatile, remapped_uncorrectable, "
+            "pcie_replay FROM sample_rollups WHERE gpu_id = :g AND ts >= :s AND ts <= :u "
+            "ORDER BY ts"
+        ),
+        {"g": gpu_id, "s": since, "u": until},
+    ).mappings()
+    return [dict(r) for r in rows]

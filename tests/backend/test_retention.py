@@ -1,0 +1,91 @@
+"""Raw samples expire into 60 s and then 900 s rollups; the chart reads span both."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import create_engine, func, select
+
+from agent import wire
+from backend.models import Sample, SampleRollup
+from backend.retention import Retention, RetentionPolicy
+
+HOUR = 3600.0
+
+
+def post(client: Any, seq: int, samples: list[wire.GpuSample]) -> None:
+    batch = wire.Batch(
+        node="n1",
+        agent_id="agent000001",
+        seq=seq,
+        sent_at=time.time(),
+        gpus=[wire.GpuInfo(uuid="GPU-n1-0", index=0)],
+        samples=samples,
+    )
+    assert client.post("/api/v1/ingest", content=wire.encode(batch)).status_code == 200
+
+
+def counts(url: str) -> tuple[int, dict[int, int]]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        raw = conn.execute(select(func.count()).select_from(Sample)).scalar_one()
+        roll = dict(
+            conn.execute(
+                select(SampleRollup.width_s, func.count()).group_by(SampleRollup.width_s)
+            ).all()
+        )
+    engine.dispose()
+    return raw, roll
+
+
+def test_old_samples_fold_into_rollups_and_the_chart_still_shows_them(
+    client: Any, db_url: str
+) -> None:
+    now = time.time() // 900 * 900  # on a 900 s boundary
+    old = now - 8 * HOUR  # older than the 6 h raw window
+    # Two minutes of 1 Hz data 8 h ago (util 10 then 30), and a minute of fresh data.
+    samples = [
+        wire.GpuSample(
+            uuid="GPU-n1-0",
+            ts=old + i,
+            util=10.0 if i < 60 else 30.0,
+            temp_c=50.0 + (i % 60) / 10,
+            pcie_replay=i,
+        )
+        for i in range(120)
+    ]
+    samples += [wire.GpuSample(uuid="GPU-n1-0", ts=now - 60 + i, util=90.0) for i in range(60)]
+    post(client, 1, samples)
+    engine = create_engine(db_url)
+    policy = RetentionPolicy(6 * HOUR, 7 * 86400, 90 * 86400)
+    report = Retention(engine, policy).run_once(now)
+    assert report["raw_folded"] == 120
+    raw, roll = counts(db_url)
+    assert raw == 60 and roll == {60: 2}
+    # The chart over the last 9 hours shows the old minutes (from rollups) and the fresh one.
+    cols = client.get(
+        "/api/v1/gpus/GPU-n1-0/samples",
+        params={"since": now - 9 * HOUR, "until": now, "points": 9 * 60},
+    ).json()["columns"]
+    values = [u for u in cols["util"] if u is not None]
+    assert values[:2] == [10.0, 30.0] and values[-1] == 90.0
+    assert max(v for v in cols["pcie_replay"] if v is not None) == 119
+    # A late sample for an already folded minute is merged by weighted mean.
+    post(client, 2, [wire.GpuSample(uuid="GPU-n1-0", ts=old + 1.5, util=70.0)])
+    Retention(engine, policy).run_once(now)
+    with engine.connect() as conn:
+        first = conn.execute(
+            select(SampleRollup.n, SampleRollup.util).order_by(SampleRollup.bucket).limit(1)
+        ).one()
+    assert first.n == 61 and abs(first.util - (10.0 * 60 + 70.0) / 61) < 1e-3
+    # A week later the minutes fold into 15-minute rollups (the old pair into one, the
+    # fresh minute, raw until then, into another); after 90 days they are gone.
+    Retention(engine, policy).run_once(now + 8 * 86400)
+    assert counts(db_url) == (0, {900: 2})
+    with engine.connect() as conn:
+        ns = conn.execute(select(SampleRollup.n).order_by(SampleRollup.bucket)).scalars().all()
+    assert ns == [121, 60]
+    Retention(engine, policy).run_once(now + 91 * 86400)
+    assert counts(db_url) == (0, {})
+    engine.dispose()
