@@ -32,6 +32,20 @@ export class ApiError extends Error {
   }
 }
 
+/**
+ * True when the server has no such route at all (an older server, or a part of trainguard
+ * not deployed yet), as opposed to a 404 about a missing job or incident: FastAPI answers
+ * an unknown path with the bare "Not Found" (405 for a path that exists only for GET).
+ * Views show an honest "not available on this server" state for these.
+ */
+export function isMissingRoute(error) {
+  if (!(error instanceof ApiError)) return false;
+  return (
+    (error.status === 404 && error.detail === "Not Found") ||
+    (error.status === 405 && error.detail === "Method Not Allowed")
+  );
+}
+
 const unauthorizedListeners = new Set();
 
 /** Call fn(error) whenever the backend answers 401 (token missing, wrong or revoked). */

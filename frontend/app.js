@@ -4,18 +4,36 @@
 // ctx: {params, query, stream, signal}; the signal aborts the view's requests on leave.
 import { apiGet, clearToken, getToken, LiveStream, onUnauthorized, setToken } from "./api.js";
 import { h, replace } from "./lib/dom.js";
+import * as incidentView from "./views/incident.js";
+import * as incidents from "./views/incidents.js";
+import * as jobView from "./views/job.js";
+import * as jobs from "./views/jobs.js";
 import * as login from "./views/login.js";
 import * as nodeView from "./views/node.js";
 import * as overview from "./views/overview.js";
 
+const named = (match) => ({ name: decodeURIComponent(match[1]) });
+
 const routes = [
-  { pattern: /^\/$/, view: overview, params: () => ({}) },
+  { name: "overview", pattern: /^\/$/, view: overview, params: () => ({}) },
+  { name: "node", pattern: /^\/nodes\/([^/]+)$/, view: nodeView, params: named },
+  { name: "jobs", pattern: /^\/jobs$/, view: jobs, params: () => ({}) },
+  { name: "job", pattern: /^\/jobs\/([^/]+)$/, view: jobView, params: named },
+  { name: "incidents", pattern: /^\/incidents$/, view: incidents, params: () => ({}) },
   {
-    pattern: /^\/nodes\/([^/]+)$/,
-    view: nodeView,
-    params: (match) => ({ name: decodeURIComponent(match[1]) }),
+    name: "incident",
+    pattern: /^\/incidents\/(\d+)$/,
+    view: incidentView,
+    params: (match) => ({ id: Number(match[1]) }),
   },
 ];
+
+// The top navigation: a link is current on its own page and on the pages under it.
+const NAV_SECTIONS = {
+  "#/": /^\/(nodes\/.*)?$/,
+  "#/jobs": /^\/jobs(\/.*)?$/,
+  "#/incidents": /^\/incidents(\/.*)?$/,
+};
 
 const notFound = {
   title: "Not found",
@@ -80,9 +98,9 @@ function parseHash() {
 function resolve(path) {
   for (const route of routes) {
     const match = route.pattern.exec(path);
-    if (match) return { view: route.view, params: route.params(match) };
+    if (match) return { name: route.name, view: route.view, params: route.params(match) };
   }
-  return { view: notFound, params: {} };
+  return { name: "not-found", view: notFound, params: {} };
 }
 
 function setTitle(view, params) {
@@ -117,13 +135,16 @@ function route() {
   document.body.dataset.auth = "in";
   signOut.hidden = false;
   const { path, query } = parseHash();
-  const { view, params } = resolve(path);
+  const { name, view, params } = resolve(path);
   setTitle(view, params);
   for (const link of document.querySelectorAll("#nav a")) {
-    link.toggleAttribute("aria-current", link.getAttribute("href") === `#${path}`);
+    const href = link.getAttribute("href");
+    const current = href === `#${path}` ? "page" : NAV_SECTIONS[href]?.test(path) ? "true" : null;
+    if (current) link.setAttribute("aria-current", current);
+    else link.removeAttribute("aria-current");
   }
   const controller = new AbortController();
-  main.dataset.view = view === notFound ? "not-found" : path.split("/")[1] || "overview";
+  main.dataset.view = name;
   let cleanup = null;
   try {
     cleanup = view.mount(main, { params, query, path, stream, signal: controller.signal });

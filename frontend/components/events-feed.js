@@ -1,8 +1,10 @@
 // The recent-events feed: newest first, loaded from GET /events and then prepended live
-// from `event` SSE events. Used by the overview (all nodes) and the node view (one node).
+// from `event` SSE events. Used by the overview (all nodes), the node view (one node) and
+// the job view (one job). XIDs carry their meaning and action from the catalog.
 import { apiGet } from "../api.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import { shortUuid, timeEl } from "../lib/format.js";
+import { describeXid, loadXidCatalog } from "../lib/xids.js";
 
 const BAD = new Set(["xid", "gpu_lost", "rank_exit", "exception", "hang", "heartbeat_lost"]);
 const WARN = new Set(["straggler", "spool_gap", "restart", "command"]);
@@ -19,7 +21,34 @@ function newestFirst(a, b) {
 
 const keyOf = (event) => event.id ?? `${event.node}/${event.ts}/${event.kind}`;
 
-function renderEvent(event, { showNode }) {
+/** "XID 79" with the catalog's meaning and action beside it (shared with the node view). */
+export function xidLabel(xid, catalog) {
+  const entry = describeXid(catalog, xid);
+  return [
+    h("strong", { class: "xid", title: "NVIDIA XID error code" }, `XID ${xid}`),
+    entry
+      ? h(
+          "span",
+          { class: "xid-meaning", dataset: { action: entry.action } },
+          entry.meaning,
+          " ",
+          h(
+            "span",
+            { class: "xid-action", title: entry.action_text || entry.action },
+            `\u2192 ${entry.action_text || entry.action}`,
+          ),
+        )
+      : null,
+  ];
+}
+
+/** The agent's default XID message ("Xid 79: <meaning>") says nothing the catalog did not. */
+function repeatsCatalog(message, xid, catalog) {
+  const meaning = describeXid(catalog, xid)?.meaning;
+  return Boolean(meaning) && (message === meaning || message === `Xid ${xid}: ${meaning}`);
+}
+
+function renderEvent(event, { showNode, showJob, catalog }) {
   const xid = event.xid ?? event.data?.xid ?? null;
   const where = [];
   if (event.gpu_uuid) {
@@ -27,7 +56,19 @@ function renderEvent(event, { showNode }) {
   }
   if (event.job) {
     const rank = event.rank === null || event.rank === undefined ? "" : ` rank ${event.rank}`;
-    where.push(h("span", { class: "muted" }, `job ${event.job}${rank}`));
+    where.push(
+      showJob
+        ? h(
+            "span",
+            { class: "muted" },
+            "job ",
+            h("a", { href: `#/jobs/${encodeURIComponent(event.job)}` }, event.job),
+            rank,
+          )
+        : rank
+          ? h("span", { class: "muted" }, rank.trim())
+          : null,
+    );
   }
   return h(
     "li",
@@ -40,23 +81,26 @@ function renderEvent(event, { showNode }) {
     showNode && event.node
       ? h("a", { class: "event-node", href: `#/nodes/${encodeURIComponent(event.node)}` }, event.node)
       : null,
-    xid === null ? null : h("strong", { class: "xid", title: "NVIDIA XID error code" }, `XID ${xid}`),
+    xid === null ? null : xidLabel(xid, catalog),
     where,
-    event.message ? h("span", { class: "event-message" }, event.message) : null,
+    event.message && !repeatsCatalog(event.message, xid, catalog)
+      ? h("span", { class: "event-message" }, event.message)
+      : null,
   );
 }
 
 /**
  * Mount the feed into root. ctx: {stream, signal}. Options: node (only this node's
- * events), limit. Returns a cleanup function.
+ * events), job (only this job's), limit. Returns a cleanup function.
  */
-export function mountEventsFeed(root, ctx, { node = null, limit = 50 } = {}) {
+export function mountEventsFeed(root, ctx, { node = null, job = null, limit = 50 } = {}) {
   const list = h("ol", { class: "events", "aria-label": "recent events" });
   const status = h("div", { class: "events-status" });
   replace(root, status, list);
   let events = [];
   const seen = new Set();
   let loaded = false;
+  let catalog = new Map();
 
   function add(batch) {
     for (const event of batch) {
@@ -75,16 +119,20 @@ export function mountEventsFeed(root, ctx, { node = null, limit = 50 } = {}) {
 
   function render() {
     if (loaded && events.length === 0) {
-      replace(status, emptyState(node ? "No events from this node yet." : "No events yet."));
+      const whose = node ? " from this node" : job ? " for this job" : "";
+      replace(status, emptyState(`No events${whose} yet.`));
     } else if (loaded) {
       replace(status);
     }
-    replace(list, events.map((event) => renderEvent(event, { showNode: !node })));
+    replace(
+      list,
+      events.map((event) => renderEvent(event, { showNode: !node, showJob: !job, catalog })),
+    );
   }
 
   async function load() {
     try {
-      const batch = await apiGet("events", { limit, node }, { signal: ctx.signal });
+      const batch = await apiGet("events", { limit, node, job }, { signal: ctx.signal });
       loaded = true;
       add(batch);
     } catch (error) {
@@ -95,8 +143,14 @@ export function mountEventsFeed(root, ctx, { node = null, limit = 50 } = {}) {
 
   replace(status, h("p", { class: "muted" }, "Loading events\u2026"));
   load();
+  loadXidCatalog().then((entries) => {
+    if (ctx.signal.aborted) return;
+    catalog = entries;
+    render();
+  });
   const offEvent = ctx.stream.on("event", (event) => {
     if (node && event.node !== node) return;
+    if (job && event.job !== job) return;
     loaded = true;
     add([event]);
   });

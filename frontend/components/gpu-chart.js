@@ -1,20 +1,103 @@
-// A live chart of one GPU: utilisation (%) on the left scale, temperature (°C) on the
-// right, over a fixed window that slides with the clock. Columnar data, x in Unix
-// seconds, null for gaps; new samples are appended and the whole window handed to
-// uPlot's setData (as in uPlot's demos/stream-data.html).
+// A live time-series chart of one GPU over a fixed window that slides with the clock:
+// one or two value scales (left, right), any readings of a sample as series. Columnar
+// data, x in Unix seconds, null for gaps; new samples are appended and the whole window
+// handed to uPlot's setData (as in uPlot's demos/stream-data.html).
+// GPU_CHARTS holds the node view's charts: utilisation and temperature, memory, power,
+// clocks. The job view's step-time chart uses the same class with its own series.
 import uPlot from "../vendor/uPlot-1.6.32.esm.js";
 import { h } from "../lib/dom.js";
-import { celsius, localTime, pct } from "../lib/format.js";
-
-const UTIL_COLOUR = "#2563eb";
-const TEMP_COLOUR = "#dc2626";
+import { celsius, localTime, pct, watts } from "../lib/format.js";
 
 const pad2 = (n) => String(n).padStart(2, "0");
+const DASH = "\u2014";
+const missing = (v) => v === null || v === undefined;
 
-function tickLabel(ts) {
+export function tickLabel(ts) {
   const d = new Date(ts * 1000);
   const hm = `${pad2(d.getHours())}:${pad2(d.getMinutes())}`;
   return d.getSeconds() ? `${hm}:${pad2(d.getSeconds())}` : hm;
+}
+
+const gib = (v) => (missing(v) ? DASH : `${(v / 1024).toFixed(1)} GiB`);
+const mhz = (v) => (missing(v) ? DASH : `${Math.round(v)} MHz`);
+
+/**
+ * Chart presets of a GPU sample's readings. A scale: {label, side (0 left, 1 right),
+ * range (uPlot range), ticks (fn value -> label)}. A series: {key (sample field), label,
+ * colour, scale, format, fill}.
+ */
+export const GPU_CHARTS = {
+  utilisation: {
+    title: "Utilisation and temperature",
+    scales: {
+      pct: { label: "utilisation (%)", range: [0, 100], ticks: (v) => `${v}%` },
+      degc: {
+        label: "temperature (\u00b0C)",
+        side: 1,
+        range: (_u, min, max) => [Math.min(min ?? 30, 30), Math.max(max ?? 90, 90)],
+        ticks: (v) => `${v}\u00b0`,
+      },
+    },
+    series: [
+      { key: "util", label: "Utilisation", colour: "#2563eb", scale: "pct", format: pct, fill: true },
+      { key: "temp_c", label: "Temperature", colour: "#dc2626", scale: "degc", format: celsius },
+    ],
+  },
+  memory: {
+    title: "Memory",
+    scales: {
+      mib: {
+        label: "used (GiB)",
+        range: (_u, _min, max) => [0, Math.max(max ?? 1024, 1024)],
+        ticks: (v) => `${Math.round(v / 1024)}`,
+      },
+      pct: { label: "copy utilisation (%)", side: 1, range: [0, 100], ticks: (v) => `${v}%` },
+    },
+    series: [
+      { key: "mem_used_mib", label: "Used", colour: "#7c3aed", scale: "mib", format: gib, fill: true },
+      { key: "mem_util", label: "Copy util", colour: "#0891b2", scale: "pct", format: pct },
+    ],
+  },
+  power: {
+    title: "Power",
+    scales: {
+      w: {
+        label: "power (W)",
+        range: (_u, _min, max) => [0, Math.max(max ?? 100, 100) * 1.1],
+        ticks: (v) => `${Math.round(v)}`,
+      },
+      degc: {
+        label: "memory temp (\u00b0C)",
+        side: 1,
+        range: (_u, min, max) => [Math.min(min ?? 30, 30), Math.max(max ?? 90, 90)],
+        ticks: (v) => `${v}\u00b0`,
+      },
+    },
+    series: [
+      { key: "power_w", label: "Power", colour: "#ea580c", scale: "w", format: watts, fill: true },
+      { key: "mem_temp_c", label: "Memory temp", colour: "#be123c", scale: "degc", format: celsius },
+    ],
+  },
+  clocks: {
+    title: "Clocks",
+    scales: {
+      mhz: {
+        label: "clock (MHz)",
+        range: (_u, _min, max) => [0, Math.max(max ?? 1000, 1000) * 1.1],
+        ticks: (v) => `${Math.round(v)}`,
+      },
+    },
+    series: [
+      { key: "sm_clock_mhz", label: "SM clock", colour: "#059669", scale: "mhz", format: mhz },
+      { key: "mem_clock_mhz", label: "Memory clock", colour: "#a16207", scale: "mhz", format: mhz },
+    ],
+  },
+};
+
+function fillOf(colour) {
+  // "#rrggbb" -> a faint fill of the same colour.
+  const n = Number.parseInt(colour.slice(1), 16);
+  return `rgba(${(n >> 16) & 255}, ${(n >> 8) & 255}, ${n & 255}, 0.08)`;
 }
 
 export class GpuChart {
@@ -23,22 +106,30 @@ export class GpuChart {
   #empty;
   #windowS;
   #height;
+  #spec;
   #end = Date.now() / 1000;
   #xs = [];
-  #util = [];
-  #temp = [];
+  #ys; // one array per series
   #resizeObserver;
   #ticker;
 
-  /** root: an empty element the chart fills. */
-  constructor(root, { windowS = 600, height = 280, emptyText = "No samples yet." } = {}) {
+  /**
+   * root: an empty element the chart fills. spec: a GPU_CHARTS entry (or one of the same
+   * shape); default: utilisation and temperature.
+   */
+  constructor(
+    root,
+    { windowS = 600, height = 280, emptyText = "No samples yet.", spec = GPU_CHARTS.utilisation } = {},
+  ) {
     this.#root = root;
     this.#windowS = windowS;
     this.#height = height;
+    this.#spec = spec;
+    this.#ys = spec.series.map(() => []);
     root.classList.add("gpu-chart");
     this.#empty = h("p", { class: "chart-empty", hidden: true }, emptyText);
     root.append(this.#empty);
-    this.#plot = new uPlot(this.#options(), [[], [], []], root);
+    this.#plot = new uPlot(this.#options(), [[], ...this.#ys], root);
     this.#resizeObserver = new ResizeObserver(() => this.#fit());
     this.#resizeObserver.observe(root);
     // Slide the window even when nothing arrives, so a silent GPU shows as a growing gap.
@@ -47,61 +138,48 @@ export class GpuChart {
   }
 
   #options() {
+    const scales = { x: { time: true, range: () => [this.#end - this.#windowS, this.#end] } };
+    const axes = [
+      {
+        // Local wall-clock ticks: minutes, with seconds only when a tick falls inside one.
+        space: 70,
+        incrs: [5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600],
+        values: (_u, splits) => splits.map(tickLabel),
+      },
+    ];
+    for (const [name, scale] of Object.entries(this.#spec.scales)) {
+      scales[name] = { range: scale.range };
+      const first = this.#spec.series.find((s) => s.scale === name);
+      axes.push({
+        scale: name,
+        side: scale.side === 1 ? 1 : 3,
+        label: scale.label,
+        stroke: first?.colour,
+        grid: { show: scale.side !== 1 },
+        values: (_u, splits) => splits.map(scale.ticks ?? String),
+      });
+    }
     return {
       width: this.#width(),
       height: this.#height,
-      scales: {
-        x: { time: true, range: () => [this.#end - this.#windowS, this.#end] },
-        pct: { range: [0, 100] },
-        degc: {
-          range: (_u, min, max) => [Math.min(min ?? 30, 30), Math.max(max ?? 90, 90)],
-        },
-      },
+      scales,
       series: [
-        { value: (_u, v) => (v === null || v === undefined ? "\u2014" : localTime(v)) },
-        {
-          label: "Utilisation",
-          scale: "pct",
-          stroke: UTIL_COLOUR,
+        { value: (_u, v) => (missing(v) ? DASH : localTime(v)) },
+        ...this.#spec.series.map((s) => ({
+          label: s.label,
+          scale: s.scale,
+          stroke: s.colour,
           width: 2,
-          fill: "rgba(37, 99, 235, 0.08)",
-          value: (_u, v) => pct(v),
-        },
-        {
-          label: "Temperature",
-          scale: "degc",
-          stroke: TEMP_COLOUR,
-          width: 2,
-          value: (_u, v) => celsius(v),
-        },
+          fill: s.fill ? fillOf(s.colour) : undefined,
+          value: (_u, v) => (s.format ? s.format(v) : missing(v) ? DASH : String(v)),
+        })),
       ],
-      axes: [
-        {
-          // Local wall-clock ticks: minutes, with seconds only when a tick falls inside one.
-          space: 70,
-          incrs: [5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600],
-          values: (_u, splits) => splits.map(tickLabel),
-        },
-        {
-          scale: "pct",
-          label: "utilisation (%)",
-          stroke: UTIL_COLOUR,
-          values: (_u, splits) => splits.map((v) => `${v}%`),
-        },
-        {
-          scale: "degc",
-          side: 1,
-          label: "temperature (\u00b0C)",
-          stroke: TEMP_COLOUR,
-          grid: { show: false },
-          values: (_u, splits) => splits.map((v) => `${v}\u00b0`),
-        },
-      ],
+      axes,
     };
   }
 
   #width() {
-    return Math.max(this.#root.clientWidth, 320);
+    return Math.max(this.#root.clientWidth, 280);
   }
 
   #fit() {
@@ -113,27 +191,35 @@ export class GpuChart {
   setHistory(columns) {
     const ts = columns?.ts ?? [];
     this.#xs = [];
-    this.#util = [];
-    this.#temp = [];
-    ts.forEach((t, i) => this.#insert(t, columns.util?.[i] ?? null, columns.temp_c?.[i] ?? null));
+    this.#ys = this.#spec.series.map(() => []);
+    ts.forEach((t, i) =>
+      this.#insert(
+        t,
+        this.#spec.series.map((s) => columns[s.key]?.[i] ?? null),
+      ),
+    );
     this.#redraw();
   }
 
-  /** Append samples ({ts, util, temp_c}); out-of-order ones are put in place. */
+  /** Append samples (objects with ts and the series' keys); out-of-order ones are put in place. */
   append(samples) {
-    for (const s of samples) this.#insert(s.ts, s.util ?? null, s.temp_c ?? null);
+    for (const sample of samples) {
+      this.#insert(
+        sample.ts,
+        this.#spec.series.map((s) => sample[s.key] ?? null),
+      );
+    }
     this.#redraw();
   }
 
-  #insert(ts, util, temp) {
+  #insert(ts, values) {
     if (typeof ts !== "number") return;
     const xs = this.#xs;
     let i = xs.length;
     while (i > 0 && xs[i - 1] > ts) i--;
     if (i > 0 && xs[i - 1] === ts) return; // already have this instant
     xs.splice(i, 0, ts);
-    this.#util.splice(i, 0, util);
-    this.#temp.splice(i, 0, temp);
+    values.forEach((v, k) => this.#ys[k].splice(i, 0, v));
   }
 
   #redraw() {
@@ -145,13 +231,16 @@ export class GpuChart {
     while (drop < this.#xs.length && this.#xs[drop] < start) drop++;
     if (drop) {
       this.#xs.splice(0, drop);
-      this.#util.splice(0, drop);
-      this.#temp.splice(0, drop);
+      for (const ys of this.#ys) ys.splice(0, drop);
     }
-    this.#plot.setData([this.#xs, this.#util, this.#temp]);
-    this.#empty.hidden = this.#xs.length > 0;
+    this.#plot.setData([this.#xs, ...this.#ys]);
+    const drawn = this.#ys.some((ys) => ys.some((v) => !missing(v)));
+    this.#empty.hidden = drawn;
     // Exposed for tests and for anyone inspecting the page.
     this.#root.dataset.points = String(this.#xs.length);
+    this.#root.dataset.valuePoints = String(
+      this.#ys.reduce((n, ys) => n + ys.filter((v) => !missing(v)).length, 0),
+    );
     this.#root.dataset.lastTs = this.#xs.length ? String(this.lastTs) : "";
   }
 

@@ -63,6 +63,22 @@ export function watts(value) {
   return value === null || value === undefined ? DASH : `${Math.round(value)} W`;
 }
 
+/** A duration for people: "850 ms", "4.2 s", "3 min 05 s", "2 h 10 min". */
+export function duration(value) {
+  if (value === null || value === undefined || !Number.isFinite(value)) return DASH;
+  const v = Math.max(0, value);
+  if (v < 1) return `${Math.round(v * 1000)} ms`;
+  if (v < 60) return `${v.toFixed(v < 10 ? 2 : 1)} s`;
+  if (v < 3600) return `${Math.floor(v / 60)} min ${pad(Math.floor(v % 60))} s`;
+  if (v < 86400) return `${Math.floor(v / 3600)} h ${pad(Math.floor((v % 3600) / 60))} min`;
+  return `${Math.floor(v / 86400)} d ${Math.floor((v % 86400) / 3600)} h`;
+}
+
+/** A 0..1 fraction as a percentage: "97.3 %". */
+export function fraction(value, digits = 1) {
+  return value === null || value === undefined ? DASH : `${(value * 100).toFixed(digits)} %`;
+}
+
 export function seconds(value) {
   if (value === null || value === undefined) return DASH;
   const v = Math.abs(value) < 0.005 ? 0 : Number(value); // no "-0.00 s"
@@ -70,11 +86,14 @@ export function seconds(value) {
 }
 
 // Worst first: the overview lists problems at the top.
-export const STATUS_ORDER = ["down", "degraded", "cordoned", "healthy"];
+// "straggler" is not a node status of the API: the dashboard derives it from the
+// stragglers of running jobs (a healthy node hosting a flagged rank).
+export const STATUS_ORDER = ["down", "degraded", "straggler", "cordoned", "healthy"];
 
 const STATUS_HINT = {
   healthy: "reporting, no open faults",
   degraded: "reporting, with a fault or a warning on the node",
+  straggler: "reporting, but a rank on it is flagged as a straggler",
   down: "the agent stopped reporting",
   cordoned: "taken out of scheduling by an operator or the policy",
 };

@@ -1,10 +1,14 @@
-// Node view (#/nodes/<name>[?gpu=<uuid>]): the node's health, its GPUs with their latest
-// readings, a live chart of one selected GPU, and the node's recent events.
-// Loaded from GET /nodes/<name>, /nodes/<name>/gpus and /gpus/<uuid>/samples, then kept
-// current by the `nodes`, `samples` (topic node:<name>) and `event` SSE events.
-import { apiGet } from "../api.js";
-import { mountEventsFeed } from "../components/events-feed.js";
-import { GpuChart } from "../components/gpu-chart.js";
+// Node view (#/nodes/<name>[?gpu=<uuid>]): the node's health with cordon/uncordon, its
+// GPUs with their latest readings and error counters, live charts of one selected GPU
+// (utilisation and temperature, memory, power, clocks), its XID history with the
+// catalog's meaning and action, the ranks it hosts, and its recent events.
+// Loaded from GET /nodes/<name>, /nodes/<name>/gpus, /gpus/<uuid>/samples, /events and
+// /jobs/<job>, then kept current by the `nodes`, `samples` (topic node:<name>) and
+// `event` SSE events.
+import { apiGet, apiPost } from "../api.js";
+import { confirmDialog } from "../components/confirm-dialog.js";
+import { mountEventsFeed, xidLabel } from "../components/events-feed.js";
+import { GPU_CHARTS, GpuChart } from "../components/gpu-chart.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import {
   celsius,
@@ -17,9 +21,25 @@ import {
   timeEl,
   watts,
 } from "../lib/format.js";
+import { loadXidCatalog } from "../lib/xids.js";
 
-const WINDOW_S = 600; // the chart shows the last 10 minutes
+const WINDOW_S = 600; // the charts show the last 10 minutes
 const HISTORY_POINTS = 300;
+const RANKS_EVERY_S = 10; // how often the hosted ranks are re-read
+const RECENT_JOB_S = 3600; // jobs seen within this window are searched for ranks
+const MAX_JOBS_SCANNED = 20;
+const CHARTS = ["utilisation", "memory", "power", "clocks"];
+
+// Error counters of a sample: [field, label, bad (any non-zero value is a fault)].
+const COUNTERS = [
+  ["ecc_sbe_volatile", "ECC SBE", false],
+  ["ecc_dbe_volatile", "ECC DBE", true],
+  ["remapped_correctable", "Remapped rows (corr.)", false],
+  ["remapped_uncorrectable", "Remapped rows (uncorr.)", true],
+  ["remap_pending", "Remap pending", true],
+  ["remap_failure", "Remap failure", true],
+  ["pcie_replay", "PCIe replays", false],
+];
 
 export const title = (params) => params.name;
 
@@ -36,10 +56,17 @@ function facts(node) {
   ];
 }
 
-/** One row per GPU; the button keeps its element so focus survives live updates. */
+function counterText(value) {
+  if (value === null || value === undefined) return "\u2014";
+  if (typeof value === "boolean") return value ? "yes" : "no";
+  return String(value);
+}
+
+/** One row per GPU in each table; the button keeps its element so focus survives updates. */
 class GpuRow {
   constructor(gpu, onSelect) {
     this.uuid = gpu.uuid;
+    this.index = gpu.index;
     this.button = h(
       "button",
       { type: "button", class: "select-gpu", "aria-pressed": "false", onclick: () => onSelect(gpu.uuid) },
@@ -61,6 +88,13 @@ class GpuRow {
       Object.values(this.cells),
       h("td", {}, this.button),
     );
+    this.counterCells = COUNTERS.map(([field]) => h("td", { class: "num", dataset: { field } }));
+    this.counterTr = h(
+      "tr",
+      { dataset: { uuid: gpu.uuid } },
+      h("th", { scope: "row", class: "num" }, String(gpu.index)),
+      this.counterCells,
+    );
     this.memoryTotal = gpu.memory_total_mib ?? null;
     this.latest = null;
     this.update(gpu.latest ?? null);
@@ -75,6 +109,12 @@ class GpuRow {
     this.cells.mem.textContent = mib(s.mem_used_mib, s.mem_total_mib ?? this.memoryTotal);
     this.cells.power.textContent = watts(s.power_w);
     replace(this.cells.ts, sample ? timeEl(sample.ts) : h("span", { class: "muted" }, "no sample yet"));
+    COUNTERS.forEach(([field, , bad], i) => {
+      const cell = this.counterCells[i];
+      cell.textContent = counterText(s[field]);
+      cell.classList.toggle("counter-bad", Boolean(bad && s[field]));
+      cell.classList.toggle("counter-warn", Boolean(!bad && s[field]));
+    });
   }
 
   select(selected) {
@@ -84,40 +124,86 @@ class GpuRow {
   }
 }
 
-export function mount(root, ctx) {
-  const name = ctx.params.name;
-  ctx.stream.setTopics(["nodes", "events", `node:${name}`]);
-
-  const header = h("div", { class: "node-header" }, h("h1", {}, name));
-  const factList = h("dl", { class: "facts" });
-  const gpuStatus = h("div", {}, h("p", { class: "muted" }, "Loading GPUs\u2026"));
-  const gpuBody = h("tbody");
-  const gpuTable = h(
+function table(className, headers, body, numeric = []) {
+  return h(
     "table",
-    { class: "gpus-table", hidden: true },
+    { class: className },
     h(
       "thead",
       {},
       h(
         "tr",
         {},
-        ["GPU", "Model", "UUID", "Util", "Temp", "Memory", "Power", "Last sample", "Chart"].map((label, i) =>
-          h("th", { scope: "col", class: [0, 3, 4, 5, 6].includes(i) ? "num" : null }, label),
-        ),
+        headers.map((label, i) => h("th", { scope: "col", class: numeric.includes(i) ? "num" : null }, label)),
       ),
     ),
-    gpuBody,
+    body,
   );
-  const chartTitle = h("h2", { id: "chart-heading" }, "GPU chart");
+}
+
+export function mount(root, ctx) {
+  const name = ctx.params.name;
+  ctx.stream.setTopics(["nodes", "events", `node:${name}`]);
+
+  const cordonButton = h("button", { type: "button", class: "btn", hidden: true });
+  const header = h("div", { class: "node-header" }, h("h1", {}, name));
+  const factList = h("dl", { class: "facts" });
+  const gpuStatus = h("div", {}, h("p", { class: "muted" }, "Loading GPUs\u2026"));
+  const gpuBody = h("tbody");
+  const gpuTable = table(
+    "gpus-table",
+    ["GPU", "Model", "UUID", "Util", "Temp", "Memory", "Power", "Last sample", "Chart"],
+    gpuBody,
+    [0, 3, 4, 5, 6],
+  );
+  gpuTable.hidden = true;
+  const counterBody = h("tbody");
+  const counterTable = table(
+    "counters-table",
+    ["GPU", ...COUNTERS.map(([, label]) => label)],
+    counterBody,
+    COUNTERS.map((_, i) => i),
+  );
+  counterTable.hidden = true;
+  const chartTitle = h("h2", { id: "chart-heading" }, "GPU charts");
   const chartMeta = h("p", { class: "chart-meta muted" });
   const chartStatus = h("div");
-  const chartRoot = h("div", { class: "chart-root", id: "gpu-chart", hidden: true });
+  const chartRoots = Object.fromEntries(
+    CHARTS.map((key) => [
+      key,
+      h("div", {
+        class: "chart-root chart-small",
+        id: key === "utilisation" ? "gpu-chart" : `gpu-chart-${key}`,
+        dataset: { chart: key },
+      }),
+    ]),
+  );
+  const chartGrid = h(
+    "div",
+    { class: "chart-grid", hidden: true },
+    CHARTS.map((key) =>
+      h("figure", { class: "chart-cell" }, h("figcaption", {}, GPU_CHARTS[key].title), chartRoots[key]),
+    ),
+  );
+  const xidStatus = h("div", {}, h("p", { class: "muted" }, "Loading XIDs\u2026"));
+  const xidBody = h("tbody");
+  const xidTable = table("xid-table", ["Time", "GPU", "XID", "Message"], xidBody);
+  xidTable.hidden = true;
+  const ranksStatus = h("div", {}, h("p", { class: "muted" }, "Looking for ranks\u2026"));
+  const ranksBody = h("tbody");
+  const ranksTable = table(
+    "ranks-table",
+    ["Job", "Rank", "Local", "PID", "Attempt", "Iteration", "Last step", "Alive", "Heartbeat"],
+    ranksBody,
+    [1, 2, 3, 4, 5, 6],
+  );
+  ranksTable.hidden = true;
   const feedRoot = h("div");
 
   replace(
     root,
     h("nav", { class: "crumbs", "aria-label": "breadcrumb" }, h("a", { href: "#/" }, "Overview"), " / ", name),
-    header,
+    h("div", { class: "title-row" }, header, h("span", { class: "spacer" }), cordonButton),
     factList,
     h(
       "section",
@@ -125,13 +211,33 @@ export function mount(root, ctx) {
       h("div", { class: "panel-head" }, h("h2", { id: "gpus-heading" }, "GPUs")),
       gpuStatus,
       h("div", { class: "table-scroll" }, gpuTable),
+      h("h3", { class: "sub-heading" }, "Error counters (latest sample)"),
+      h("div", { class: "table-scroll" }, counterTable),
     ),
     h(
       "section",
       { class: "panel", "aria-labelledby": "chart-heading" },
       h("div", { class: "panel-head" }, chartTitle, chartMeta),
       chartStatus,
-      chartRoot,
+      chartGrid,
+    ),
+    h(
+      "div",
+      { class: "two-col" },
+      h(
+        "section",
+        { class: "panel", "aria-labelledby": "xid-heading" },
+        h("div", { class: "panel-head" }, h("h2", { id: "xid-heading" }, "XID history")),
+        xidStatus,
+        h("div", { class: "table-scroll" }, xidTable),
+      ),
+      h(
+        "section",
+        { class: "panel", "aria-labelledby": "ranks-heading" },
+        h("div", { class: "panel-head" }, h("h2", { id: "ranks-heading" }, "Ranks on this node")),
+        ranksStatus,
+        h("div", { class: "table-scroll" }, ranksTable),
+      ),
     ),
     h(
       "section",
@@ -141,32 +247,80 @@ export function mount(root, ctx) {
     ),
   );
 
-  const chart = new GpuChart(chartRoot, {
-    windowS: WINDOW_S,
-    emptyText: "No samples from this GPU in the last 10 minutes.",
-  });
+  const charts = Object.fromEntries(
+    CHARTS.map((key) => [
+      key,
+      new GpuChart(chartRoots[key], {
+        windowS: WINDOW_S,
+        height: 200,
+        spec: GPU_CHARTS[key],
+        emptyText: "No samples from this GPU in the last 10 minutes.",
+      }),
+    ]),
+  );
+  const chartList = Object.values(charts);
   const rows = new Map(); // uuid -> GpuRow
   let gpus = [];
+  let node = null;
   let selected = ctx.query.get("gpu");
   let historyRequest = 0;
   let pending = null; // live samples that arrived while the history was loading
   let reloadedForCount = null; // GPU count that last triggered a reload of the inventory
+  // After a cordon/uncordon, a `nodes` tick read just before the change may still arrive:
+  // until then the page trusts its own answer for the cordon state.
+  let cordonSettlesAt = 0;
 
-  function showNode(node) {
+  // --- header, cordon ---------------------------------------------------------------
+
+  function showNode(next) {
+    node = next;
     replace(header, h("h1", {}, name), node.simulated ? simulatedBadge() : null);
-    replace(factList, facts(node));
+    replace(
+      factList,
+      facts(node),
+      stragglerText
+        ? h("div", { class: "straggler-fact" }, h("dt", {}, "Straggler"), h("dd", { class: "status-straggler" }, stragglerText))
+        : null,
+    );
+    cordonButton.hidden = false;
+    cordonButton.textContent = node.cordoned ? "Uncordon\u2026" : "Cordon\u2026";
+    cordonButton.dataset.action = node.cordoned ? "uncordon" : "cordon";
   }
 
+  cordonButton.addEventListener("click", async () => {
+    if (!node) return;
+    const action = node.cordoned ? "uncordon" : "cordon";
+    const result = await confirmDialog({
+      title: node.cordoned ? `Uncordon ${name}?` : `Cordon ${name}?`,
+      text: node.cordoned
+        ? "The node becomes schedulable again."
+        : "No new work is placed on a cordoned node; running ranks keep running until a restart excludes it.",
+      confirmLabel: node.cordoned ? "Uncordon" : "Cordon",
+      danger: !node.cordoned,
+      fields: [{ name: "reason", label: "Reason (audited)", required: true }],
+      signal: ctx.signal,
+      action: ({ reason }) =>
+        apiPost(`nodes/${encodeURIComponent(name)}/${action}`, { reason }, { signal: ctx.signal }),
+    });
+    if (result) {
+      cordonSettlesAt = Date.now() + 5000;
+      node = { ...node, cordoned: result.cordoned ?? !node.cordoned };
+      load();
+    }
+    cordonButton.focus();
+  });
+
+  // --- GPUs and charts --------------------------------------------------------------
+
   function updateChartMeta() {
-    const row = rows.get(selected);
-    const last = chart.lastTs;
+    const last = charts.utilisation.lastTs;
     replace(
       chartMeta,
       "last sample: ",
       last === null
         ? h("span", { class: "last-sample", dataset: { ts: "" } }, "none")
         : h("span", { class: "last-sample", dataset: { ts: String(last) } }, timeEl(last)),
-      row ? ` \u00b7 window ${WINDOW_S / 60} min` : null,
+      rows.get(selected) ? ` \u00b7 window ${WINDOW_S / 60} min` : null,
     );
   }
 
@@ -175,20 +329,23 @@ export function mount(root, ctx) {
     rows.clear();
     for (const gpu of gpus) rows.set(gpu.uuid, new GpuRow(gpu, selectGpu));
     replace(gpuBody, [...rows.values()].map((row) => row.tr));
+    replace(counterBody, [...rows.values()].map((row) => row.counterTr));
     gpuTable.hidden = gpus.length === 0;
+    counterTable.hidden = gpus.length === 0;
     replace(gpuStatus, gpus.length ? null : emptyState("This node has not reported any GPU yet."));
     if (!rows.has(selected)) selected = gpus[0]?.uuid ?? null;
     selectGpu(selected, { force: true });
+    renderXids(); // the XID rows name GPUs by index
   }
 
   function selectGpu(uuid, { force = false } = {}) {
-    if (!force && uuid === chartRoot.dataset.uuid) return;
+    if (!force && uuid === chartGrid.dataset.uuid) return;
     selected = uuid;
     for (const row of rows.values()) row.select(row.uuid === uuid);
     const gpu = gpus.find((g) => g.uuid === uuid);
-    chartRoot.hidden = !gpu;
+    chartGrid.hidden = !gpu;
     if (!gpu) {
-      replace(chartTitle, "GPU chart");
+      replace(chartTitle, "GPU charts");
       replace(chartStatus, gpus.length ? null : emptyState("No GPU to chart."));
       return;
     }
@@ -198,8 +355,10 @@ export function mount(root, ctx) {
       gpu.name ? ` \u00b7 ${gpu.name}` : null,
       gpu.simulated ? [" ", simulatedBadge()] : null,
     );
-    chartRoot.dataset.uuid = uuid;
-    chartRoot.dataset.simulated = String(Boolean(gpu.simulated));
+    for (const el of [chartGrid, ...Object.values(chartRoots)]) {
+      el.dataset.uuid = uuid;
+      el.dataset.simulated = String(Boolean(gpu.simulated));
+    }
     // Keep the selection in the address (without a hashchange) so a reload shows the same GPU.
     const hash = `#/nodes/${encodeURIComponent(name)}?gpu=${encodeURIComponent(uuid)}`;
     if (location.hash !== hash) history.replaceState(null, "", hash);
@@ -209,9 +368,10 @@ export function mount(root, ctx) {
   async function loadHistory(uuid) {
     const request = ++historyRequest;
     pending = [];
-    chart.setHistory(null);
+    for (const chart of chartList) chart.setHistory(null);
     updateChartMeta();
-    chartRoot.dataset.loading = "true";
+    const first = chartRoots.utilisation;
+    first.dataset.loading = "true";
     try {
       const now = Date.now() / 1000;
       const answer = await apiGet(
@@ -220,18 +380,18 @@ export function mount(root, ctx) {
         { signal: ctx.signal },
       );
       if (request !== historyRequest) return;
-      chart.setHistory(answer.columns);
-      chartRoot.dataset.historyPoints = String(chart.pointCount);
-      chart.append(pending);
+      for (const chart of chartList) chart.setHistory(answer.columns);
+      first.dataset.historyPoints = String(charts.utilisation.pointCount);
+      for (const chart of chartList) chart.append(pending);
       replace(chartStatus);
     } catch (error) {
       if (error.name === "AbortError" || request !== historyRequest) return;
       replace(chartStatus, errorBox("Could not load the GPU's samples", error));
-      chart.append(pending);
+      for (const chart of chartList) chart.append(pending);
     } finally {
       if (request === historyRequest) {
         pending = null;
-        delete chartRoot.dataset.loading;
+        delete first.dataset.loading;
         updateChartMeta();
       }
     }
@@ -239,11 +399,11 @@ export function mount(root, ctx) {
 
   async function load() {
     try {
-      const [node, list] = await Promise.all([
+      const [answer, list] = await Promise.all([
         apiGet(`nodes/${encodeURIComponent(name)}`, {}, { signal: ctx.signal }),
         apiGet(`nodes/${encodeURIComponent(name)}/gpus`, {}, { signal: ctx.signal }),
       ]);
-      showNode(node);
+      showNode(answer);
       showGpus(list);
     } catch (error) {
       if (error.name === "AbortError") return;
@@ -251,26 +411,152 @@ export function mount(root, ctx) {
         replace(factList, emptyState(`Node "${name}" has not reported to this server.`));
         replace(gpuStatus, emptyState("No GPUs known for this node."));
         replace(chartStatus, emptyState("Nothing to chart."));
-        chartRoot.hidden = true;
+        chartGrid.hidden = true;
+        counterTable.hidden = true;
       } else {
         replace(gpuStatus, errorBox("Could not load the node", error));
       }
     }
   }
 
+  // --- XID history ------------------------------------------------------------------
+
+  let xids = [];
+  let catalog = new Map();
+
+  function renderXids() {
+    const indexOf = new Map(gpus.map((g) => [g.uuid, g.index]));
+    replace(
+      xidBody,
+      xids.map((event) =>
+        h(
+          "tr",
+          { dataset: { eventId: String(event.id ?? ""), xid: String(event.xid) } },
+          h("td", {}, timeEl(event.ts)),
+          h(
+            "td",
+            { class: "mono", title: event.gpu_uuid ?? "" },
+            indexOf.has(event.gpu_uuid) ? `GPU ${indexOf.get(event.gpu_uuid)}` : shortUuid(event.gpu_uuid) || "\u2014",
+          ),
+          h("td", { class: "xid-cell" }, xidLabel(event.xid, catalog)),
+          h("td", { class: "wrap" }, event.message || ""),
+        ),
+      ),
+    );
+    xidTable.hidden = xids.length === 0;
+    replace(xidStatus, xids.length ? null : emptyState("No XID errors reported by this node."));
+  }
+
+  async function loadXids() {
+    try {
+      const list = await apiGet("events", { node: name, kind: "xid", limit: 100 }, { signal: ctx.signal });
+      const known = new Set(xids.map((e) => e.id));
+      xids = [...xids, ...list.filter((e) => !known.has(e.id))].sort((a, b) => b.ts - a.ts).slice(0, 100);
+      renderXids();
+    } catch (error) {
+      if (error.name !== "AbortError") replace(xidStatus, errorBox("Could not load XIDs", error));
+    }
+  }
+
+  // --- ranks hosted, straggler flags --------------------------------------------------
+
+  let ranksReadAt = 0;
+  let stragglerText = null; // what the stragglers route says about this node, if anything
+
+  async function loadStragglerFlags() {
+    try {
+      const report = await apiGet(`nodes/${encodeURIComponent(name)}/stragglers`, {}, { signal: ctx.signal });
+      const parts = (report.jobs ?? []).map((j) =>
+        j.node_flagged
+          ? `the whole node in ${j.job}`
+          : `rank${j.ranks.length === 1 ? "" : "s"} ${j.ranks.map((r) => r.rank).join(", ")} of ${j.job}`,
+      );
+      stragglerText = parts.length ? `flagged: ${parts.join("; ")}` : null;
+    } catch (error) {
+      if (error.name === "AbortError") return;
+      stragglerText = null; // no such route on this server, or no flag: nothing to say
+    }
+    if (node) showNode(node);
+  }
+
+  async function loadRanks() {
+    ranksReadAt = Date.now() / 1000;
+    loadStragglerFlags();
+    try {
+      const jobs = await apiGet("jobs", {}, { signal: ctx.signal });
+      const recent = jobs
+        .filter((j) => j.last_seen >= ranksReadAt - RECENT_JOB_S)
+        .slice(0, MAX_JOBS_SCANNED);
+      const details = await Promise.all(
+        recent.map((j) =>
+          apiGet(`jobs/${encodeURIComponent(j.name)}`, {}, { signal: ctx.signal }).catch((error) => {
+            if (error.name === "AbortError") throw error;
+            return null;
+          }),
+        ),
+      );
+      const hosted = [];
+      for (const job of details) {
+        for (const rank of job?.ranks ?? []) {
+          if (rank.node === name) hosted.push({ job: job.name, ...rank });
+        }
+      }
+      replace(
+        ranksBody,
+        hosted.map((r) =>
+          h(
+            "tr",
+            { dataset: { job: r.job, rank: String(r.rank) } },
+            h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(r.job)}` }, r.job)),
+            h("td", { class: "num" }, String(r.rank)),
+            h("td", { class: "num" }, String(r.local_rank ?? "\u2014")),
+            h("td", { class: "num mono" }, String(r.pid ?? "\u2014")),
+            h("td", { class: "num" }, String(r.attempt ?? 0)),
+            h("td", { class: "num" }, String(r.iteration ?? 0)),
+            h("td", { class: "num" }, r.last_step ?? "\u2014"),
+            h("td", {}, r.alive ? "yes" : h("strong", { class: "bad" }, "no")),
+            h("td", {}, timeEl(r.last_heartbeat)),
+          ),
+        ),
+      );
+      ranksTable.hidden = hosted.length === 0;
+      replace(
+        ranksStatus,
+        hosted.length
+          ? null
+          : emptyState(
+              recent.length
+                ? "No rank of a recent job runs on this node."
+                : "No job has reported in the last hour.",
+            ),
+      );
+    } catch (error) {
+      if (error.name !== "AbortError") replace(ranksStatus, errorBox("Could not load the ranks", error));
+    }
+  }
+
   load();
+  loadXids();
+  loadRanks();
+  loadXidCatalog().then((entries) => {
+    if (ctx.signal.aborted) return;
+    catalog = entries;
+    renderXids();
+  });
 
   const offNodes = ctx.stream.on("nodes", (list) => {
-    const node = (Array.isArray(list) ? list : (list?.nodes ?? [])).find((n) => n.name === name);
-    if (node) {
-      showNode(node);
+    const found = (Array.isArray(list) ? list : (list?.nodes ?? [])).find((n) => n.name === name);
+    const stale = found && Date.now() < cordonSettlesAt && found.cordoned !== node?.cordoned;
+    if (found && !stale) {
+      showNode(found);
       // A GPU this page does not know yet (the node just reported its inventory): reload.
-      const count = node.gpu_count ?? 0;
+      const count = found.gpu_count ?? 0;
       if (count !== gpus.length && count !== reloadedForCount) {
         reloadedForCount = count;
         load();
       }
     }
+    if (Date.now() / 1000 - ranksReadAt >= RANKS_EVERY_S) loadRanks();
   });
   const offSamples = ctx.stream.on("samples", (payload) => {
     if (payload?.node !== name) return;
@@ -280,21 +566,30 @@ export function mount(root, ctx) {
     if (mine.length === 0) return;
     if (pending) pending.push(...mine);
     else {
-      chart.append(mine);
+      for (const chart of chartList) chart.append(mine);
       updateChartMeta();
     }
   });
-  // Samples sent while the stream was down are not replayed: reload the window.
+  const offEvents = ctx.stream.on("event", (event) => {
+    if (event.node !== name || event.kind !== "xid") return;
+    if (xids.some((e) => e.id === event.id)) return;
+    xids = [event, ...xids].sort((a, b) => b.ts - a.ts).slice(0, 100);
+    renderXids();
+  });
+  // Samples and events sent while the stream was down are not replayed: reload them.
   const offState = ctx.stream.onState((_state, { reconnected }) => {
-    if (reconnected && selected) loadHistory(selected);
+    if (!reconnected) return;
+    if (selected) loadHistory(selected);
+    loadXids();
   });
   const offFeed = mountEventsFeed(feedRoot, ctx, { node: name, limit: 50 });
 
   return () => {
     offNodes();
     offSamples();
+    offEvents();
     offState();
     offFeed();
-    chart.destroy();
+    for (const chart of chartList) chart.destroy();
   };
 }

@@ -1,11 +1,16 @@
-// Overview (#/): every node with its health, and the recent events of the cluster.
-// Loaded from GET /nodes and GET /events, then kept current by the `nodes` and `event`
-// SSE events.
-import { apiGet } from "../api.js";
+// Overview (#/): every node as a tile coloured by health, counts by state, the nodes that
+// need attention, running jobs with their goodput, open incidents, and the live event feed.
+// Loaded from GET /nodes, /jobs, /jobs/<job>/goodput, /jobs/<job>/stragglers, /incidents
+// and /events; kept current by the `nodes` tick (every 2 s, which also paces the re-reads
+// of jobs), `event`, `incident` and `command` SSE events.
+import { apiGet, isMissingRoute } from "../api.js";
 import { mountEventsFeed } from "../components/events-feed.js";
+import { NodeGrid } from "../components/node-grid.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import {
   celsius,
+  duration,
+  fraction,
   localTime,
   pct,
   simulatedBadge,
@@ -15,6 +20,11 @@ import {
 } from "../lib/format.js";
 
 export const title = "Overview";
+
+const JOBS_EVERY_S = 10; // jobs, goodput and stragglers are re-read at most this often
+const RUNNING_WITHIN_S = 60; // a job that reported within this window is running
+const MAX_JOBS = 20; // jobs whose goodput and stragglers are read
+const MAX_TABLE_ROWS = 100;
 
 function bySeverityThenName(a, b) {
   const rank = (node) => {
@@ -56,23 +66,73 @@ class NodeRow {
   }
 }
 
-function summary(nodes) {
-  const counts = Object.fromEntries(STATUS_ORDER.map((s) => [s, 0]));
-  let gpus = 0;
-  for (const node of nodes) {
-    counts[node.status] = (counts[node.status] ?? 0) + 1;
-    gpus += node.gpu_count ?? 0;
-  }
-  const parts = [h("span", {}, `${nodes.length} ${nodes.length === 1 ? "node" : "nodes"}`)];
-  parts.push(h("span", {}, `${gpus} GPUs`));
-  for (const status of STATUS_ORDER) {
-    if (counts[status]) parts.push(h("span", {}, statusBadge(status), ` ${counts[status]}`));
-  }
-  return parts;
+/** The node list with "straggler" derived for healthy nodes that host a flagged rank. */
+function withStragglers(nodes, stragglers) {
+  return nodes.map((n) =>
+    n.status === "healthy" && (n.straggler || stragglers.has(n.name)) ? { ...n, status: "straggler" } : n,
+  );
+}
+
+function jobRow(job, goodput, now) {
+  const running = now - job.last_seen <= RUNNING_WITHIN_S;
+  let goodputCell;
+  if (goodput === undefined) goodputCell = h("span", { class: "muted" }, "\u2026");
+  else if (goodput === null) goodputCell = h("span", { class: "muted", title: "no goodput route on this server" }, "n/a");
+  else goodputCell = h("span", { title: `over ${duration(goodput.elapsed_s)} of job time` }, fraction(goodput.goodput));
+  return h(
+    "tr",
+    { dataset: { job: job.name, running: String(running) } },
+    h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(job.name)}` }, job.name)),
+    h("td", {}, running ? h("span", { class: "status status-healthy" }, "running") : h("span", { class: "muted" }, "idle")),
+    h("td", { class: "num", title: `world size ${job.world_size ?? "?"}` }, `${job.attempt ?? 0} / ${job.iteration ?? 0}`),
+    h("td", { class: "num" }, job.last_step ?? "\u2014"),
+    h("td", { class: "num col-goodput" }, goodputCell),
+    h(
+      "td",
+      { class: "num" },
+      job.open_incidents
+        ? h("a", { class: "bad", href: `#/incidents?job=${encodeURIComponent(job.name)}` }, String(job.open_incidents))
+        : "0",
+    ),
+  );
+}
+
+const PHASES = [
+  ["resumed_at", "resumed"],
+  ["restarted_at", "restarted"],
+  ["torn_down_at", "torn down"],
+  ["delivered_at", "delivered"],
+  ["decided_at", "decided"],
+  ["detected_at", "detected"],
+  ["fault_at", "fault"],
+];
+
+/** The furthest phase an incident has reached. */
+export function reachedPhase(incident) {
+  const t = incident.timeline ?? {};
+  return PHASES.find(([field]) => t[field] !== null && t[field] !== undefined)?.[1] ?? "\u2014";
+}
+
+function incidentItem(incident) {
+  return h(
+    "li",
+    { class: "incident-item", dataset: { incident: String(incident.id), status: incident.status } },
+    h("a", { href: `#/incidents/${incident.id}` }, `#${incident.id}`),
+    " ",
+    h("strong", {}, incident.level ?? "\u2014"),
+    " of ",
+    incident.job ? h("a", { href: `#/jobs/${encodeURIComponent(incident.job)}` }, incident.job) : "\u2014",
+    " \u00b7 ",
+    h("span", { class: "muted" }, `${incident.trigger ?? ""}${incident.triggered_by ? ` by ${incident.triggered_by}` : ""}`),
+    " \u00b7 ",
+    timeEl(incident.created_at),
+    " \u00b7 ",
+    h("span", { class: "phase" }, reachedPhase(incident)),
+  );
 }
 
 export function mount(root, ctx) {
-  ctx.stream.setTopics(["nodes", "events"]);
+  ctx.stream.setTopics(["nodes", "events", "incidents"]);
 
   const search = h("input", {
     type: "search",
@@ -83,15 +143,19 @@ export function mount(root, ctx) {
   const statusFilter = h(
     "select",
     { id: "status-filter" },
-    h("option", { value: "" }, "all"),
+    h("option", { value: "" }, "needing attention"),
     STATUS_ORDER.map((s) => h("option", { value: s }, s)),
+    h("option", { value: "*" }, "all"),
   );
-  const summaryLine = h("p", { class: "summary", "aria-live": "polite" });
+  const summaryLine = h("div", { class: "summary", "aria-live": "polite" });
   const updated = h("span", { class: "updated muted" });
+  const gridRoot = h("div", { class: "grid-root" });
   const tbody = h("tbody");
+  const tableCaption = h("caption", {});
   const table = h(
     "table",
     { class: "nodes-table", hidden: true },
+    tableCaption,
     h(
       "thead",
       {},
@@ -109,6 +173,8 @@ export function mount(root, ctx) {
     tbody,
   );
   const nodesStatus = h("div", { class: "nodes-status" }, h("p", { class: "muted" }, "Loading nodes\u2026"));
+  const jobsRoot = h("div", {}, h("p", { class: "muted" }, "Loading jobs\u2026"));
+  const incidentsRoot = h("div", {}, h("p", { class: "muted" }, "Loading incidents\u2026"));
   const feedRoot = h("div");
 
   replace(
@@ -131,29 +197,87 @@ export function mount(root, ctx) {
             { class: "filters" },
             h("label", { for: "node-filter" }, "Filter"),
             search,
-            h("label", { for: "status-filter" }, "Health"),
+            h("label", { for: "status-filter" }, "List"),
             statusFilter,
           ),
         ),
+        gridRoot,
         nodesStatus,
-        h("div", { class: "table-scroll" }, table),
+        h("div", { class: "table-scroll nodes-table-scroll" }, table),
       ),
       h(
-        "section",
-        { class: "panel", "aria-labelledby": "events-heading" },
-        h("div", { class: "panel-head" }, h("h2", { id: "events-heading" }, "Recent events")),
-        feedRoot,
+        "div",
+        { class: "side-col" },
+        h(
+          "section",
+          { class: "panel", "aria-labelledby": "jobs-heading" },
+          h("div", { class: "panel-head" }, h("h2", { id: "jobs-heading" }, "Jobs"), h("a", { href: "#/jobs" }, "all jobs")),
+          jobsRoot,
+        ),
+        h(
+          "section",
+          { class: "panel", "aria-labelledby": "incidents-heading" },
+          h(
+            "div",
+            { class: "panel-head" },
+            h("h2", { id: "incidents-heading" }, "Open incidents"),
+            h("a", { href: "#/incidents" }, "all incidents"),
+          ),
+          incidentsRoot,
+        ),
+        h(
+          "section",
+          { class: "panel", "aria-labelledby": "events-heading" },
+          h("div", { class: "panel-head" }, h("h2", { id: "events-heading" }, "Recent events")),
+          feedRoot,
+        ),
       ),
     ),
   );
 
+  const grid = new NodeGrid(gridRoot);
   const rows = new Map(); // node name -> NodeRow
   let nodes = null; // null until the first answer
+  let stragglers = new Set(); // nodes hosting a flagged rank of a running job
+  let firstRender = true;
+
+  function matcher() {
+    const needle = search.value.trim().toLowerCase();
+    return (n) => !needle || n.name.toLowerCase().includes(needle);
+  }
+
+  function summary(list) {
+    const counts = Object.fromEntries(STATUS_ORDER.map((s) => [s, 0]));
+    let gpus = 0;
+    let simulated = 0;
+    for (const node of list) {
+      counts[node.status] = (counts[node.status] ?? 0) + 1;
+      gpus += node.gpu_count ?? 0;
+      if (node.simulated) simulated += 1;
+    }
+    return [
+      h("span", { class: "count-total" }, `${list.length} ${list.length === 1 ? "node" : "nodes"}`),
+      h("span", {}, `${gpus} GPUs`),
+      STATUS_ORDER.map((status) =>
+        h(
+          "span",
+          { class: "count", dataset: { status, count: String(counts[status]) } },
+          h("span", { class: "swatch", dataset: { status }, "aria-hidden": "true" }),
+          statusBadge(status),
+          ` ${counts[status]}`,
+        ),
+      ),
+      simulated ? h("span", { class: "count-simulated" }, simulatedBadge(), ` ${simulated}`) : null,
+    ];
+  }
 
   function render() {
     if (nodes === null) return;
-    replace(summaryLine, summary(nodes));
-    if (nodes.length === 0) {
+    const list = withStragglers(nodes, stragglers);
+    replace(summaryLine, summary(list));
+    const matches = matcher();
+    grid.update(list, matches);
+    if (list.length === 0) {
       table.hidden = true;
       replace(
         nodesStatus,
@@ -167,12 +291,15 @@ export function mount(root, ctx) {
       );
       return;
     }
-    const needle = search.value.trim().toLowerCase();
     const wanted = statusFilter.value;
-    const shown = nodes
-      .filter((n) => (!needle || n.name.toLowerCase().includes(needle)) && (!wanted || n.status === wanted))
+    const listed = list
+      .filter(
+        (n) =>
+          matches(n) && (wanted === "*" || (wanted === "" ? n.status !== "healthy" : n.status === wanted)),
+      )
       .sort(bySeverityThenName);
-    const names = new Set(nodes.map((n) => n.name));
+    const shown = listed.slice(0, MAX_TABLE_ROWS);
+    const names = new Set(list.map((n) => n.name));
     for (const name of rows.keys()) if (!names.has(name)) rows.delete(name);
     const trs = shown.map((node) => {
       let row = rows.get(node.name);
@@ -185,8 +312,21 @@ export function mount(root, ctx) {
     if (current.length !== trs.length || current.some((tr, i) => tr !== trs[i])) {
       tbody.replaceChildren(...trs);
     }
+    const what = wanted === "" ? "Nodes needing attention" : wanted === "*" ? "All nodes" : `Nodes ${wanted}`;
+    tableCaption.textContent =
+      listed.length > shown.length ? `${what}: first ${shown.length} of ${listed.length}` : what;
     table.hidden = trs.length === 0;
-    replace(nodesStatus, trs.length === 0 ? emptyState("No node matches the filter.") : null);
+    replace(
+      nodesStatus,
+      trs.length
+        ? null
+        : h("p", { class: "muted" }, wanted === "" ? "Every node is healthy." : "No node matches the filter."),
+    );
+    if (firstRender) {
+      firstRender = false;
+      // The benchmark (tests/frontend/bench_overview.py) reads this mark.
+      requestAnimationFrame(() => performance.mark("trainguard:overview-nodes"));
+    }
   }
 
   function setNodes(list, source) {
@@ -199,16 +339,138 @@ export function mount(root, ctx) {
   search.addEventListener("input", render);
   statusFilter.addEventListener("change", render);
 
+  // --- jobs, goodput, stragglers ----------------------------------------------------
+
+  let jobsReadAt = 0;
+  let goodputMissing = false;
+  let stragglersMissing = false;
+
+  async function loadJobs() {
+    jobsReadAt = Date.now() / 1000;
+    try {
+      const jobs = await apiGet("jobs", {}, { signal: ctx.signal });
+      const now = Date.now() / 1000;
+      const running = jobs.filter((j) => now - j.last_seen <= RUNNING_WITHIN_S).slice(0, MAX_JOBS);
+      const shownJobs = (running.length ? running : jobs).slice(0, MAX_JOBS);
+      const goodputs = new Map();
+      const flagged = new Set();
+      await Promise.all([
+        ...shownJobs.map(async (job) => {
+          if (goodputMissing) return goodputs.set(job.name, null);
+          try {
+            goodputs.set(job.name, await apiGet(`jobs/${encodeURIComponent(job.name)}/goodput`, { window: "24h" }, { signal: ctx.signal }));
+          } catch (error) {
+            if (error.name === "AbortError") throw error;
+            if (isMissingRoute(error)) goodputMissing = true;
+            goodputs.set(job.name, null);
+          }
+        }),
+        ...running.map(async (job) => {
+          if (stragglersMissing) return;
+          try {
+            const answer = await apiGet(`jobs/${encodeURIComponent(job.name)}/stragglers`, {}, { signal: ctx.signal });
+            // A node is a straggler when it is flagged as a whole or hosts a flagged rank.
+            for (const n of answer?.nodes ?? []) if (n.flagged || n.flagged_ranks > 0) flagged.add(n.node);
+          } catch (error) {
+            if (error.name === "AbortError") throw error;
+            if (isMissingRoute(error)) stragglersMissing = true;
+          }
+        }),
+      ]);
+      stragglers = flagged;
+      render();
+      if (jobs.length === 0) {
+        replace(jobsRoot, emptyState("No job has reported yet."));
+        return;
+      }
+      replace(
+        jobsRoot,
+        running.length ? null : h("p", { class: "muted" }, "No job is running; the most recent:"),
+        h(
+          "div",
+          { class: "table-scroll" },
+          h(
+            "table",
+            { class: "jobs-table compact" },
+            h(
+              "thead",
+              {},
+              h(
+                "tr",
+                {},
+                h("th", { scope: "col" }, "Job"),
+                h("th", { scope: "col" }, "State"),
+                h("th", { scope: "col", class: "num", title: "launcher attempt / in-process iteration" }, "Att / it"),
+                h("th", { scope: "col", class: "num" }, "Step"),
+                h("th", { scope: "col", class: "num", title: "goodput over the last 24 h" }, "Goodput"),
+                h("th", { scope: "col", class: "num", title: "open incidents" }, "Open"),
+              ),
+            ),
+            h("tbody", {}, shownJobs.map((job) => jobRow(job, goodputs.get(job.name), now))),
+          ),
+        ),
+        goodputMissing ? h("p", { class: "muted note" }, "Goodput is not available on this server yet.") : null,
+        jobs.length > shownJobs.length ? h("p", { class: "muted note" }, h("a", { href: "#/jobs" }, `${jobs.length} jobs in all`)) : null,
+      );
+    } catch (error) {
+      if (error.name !== "AbortError") replace(jobsRoot, errorBox("Could not load jobs", error));
+    }
+  }
+
+  // --- open incidents ---------------------------------------------------------------
+
+  let incidentsTimer = null;
+
+  async function loadIncidents() {
+    try {
+      const open = await apiGet("incidents", { status: "open", limit: 50 }, { signal: ctx.signal });
+      replace(
+        incidentsRoot,
+        open.length
+          ? h("ul", { class: "incident-list" }, open.map(incidentItem))
+          : emptyState("No open incidents."),
+      );
+    } catch (error) {
+      if (error.name !== "AbortError") replace(incidentsRoot, errorBox("Could not load incidents", error));
+    }
+  }
+
+  function incidentsSoon() {
+    clearTimeout(incidentsTimer);
+    incidentsTimer = setTimeout(loadIncidents, 300);
+  }
+
   apiGet("nodes", {}, { signal: ctx.signal })
     .then((list) => setNodes(list, "rest"))
     .catch((error) => {
       if (error.name !== "AbortError") replace(nodesStatus, errorBox("Could not load nodes", error));
     });
-  const offNodes = ctx.stream.on("nodes", (list) => setNodes(list, "live"));
+  loadJobs();
+  loadIncidents();
+
+  const offNodes = ctx.stream.on("nodes", (list) => {
+    setNodes(list, "live");
+    if (Date.now() / 1000 - jobsReadAt >= JOBS_EVERY_S) {
+      loadJobs();
+      loadIncidents();
+    }
+  });
+  const offIncident = ctx.stream.on("incident", incidentsSoon);
+  const offCommand = ctx.stream.on("command", incidentsSoon);
+  const offState = ctx.stream.onState((_state, { reconnected }) => {
+    if (reconnected) {
+      loadJobs();
+      loadIncidents();
+    }
+  });
   const offFeed = mountEventsFeed(feedRoot, ctx, { limit: 50 });
 
   return () => {
+    clearTimeout(incidentsTimer);
     offNodes();
+    offIncident();
+    offCommand();
+    offState();
     offFeed();
   };
 }

@@ -11,6 +11,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.frontend.seed import JobSeed
 from tests.support import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,3 +237,59 @@ def screenshot() -> Callable[[Page, str], Path]:
         return path
 
     return take
+
+
+JOB = "llama-test"
+JOB_NODES = ["job-node-1", "job-node-2"]
+SLOW_RANK = 5
+
+
+@dataclass
+class JobFeed:
+    """A training job reported the way agents report one: every second, each of its two
+    nodes posts its ranks' status and their newest steps to /api/v1/ingest. No agent runs
+    on these nodes, so commands addressed to them wait for the test's own acks."""
+
+    cluster: Cluster
+    seed: JobSeed
+    step: int
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        for body in self.seed.batches(time.time()):
+            self.cluster.api("ingest", body)
+        self._thread = threading.Thread(target=self._run, name="job-feed", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                for body in self.seed.batches(time.time(), first_step=self.step, steps=1):
+                    self.cluster.api("ingest", body)
+                self.step += 1
+            except OSError:  # the server is stopping
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+
+    def ack(self, command: dict[str, Any], phase: str, ts: float) -> None:
+        """What the node's agent would post when its executor reaches `phase`."""
+        self.cluster.api(
+            f"commands/{command['id']}/acks", {"phase": phase, "ts": ts, "node": command["node"]}
+        )
+
+
+@pytest.fixture(scope="module")
+def job_feed(cluster: Cluster) -> Iterator[JobFeed]:
+    """JOB: 8 ranks on JOB_NODES, 80 steps of history (SLOW_RANK 1.6x slower), then a step
+    a second for as long as the module's tests run."""
+    seed = JobSeed(JOB, JOB_NODES, ranks_per_node=4, steps=80, slow_rank=SLOW_RANK)
+    feed = JobFeed(cluster, seed, step=80)
+    feed.start()
+    cluster.wait(lambda: cluster.api(f"jobs/{JOB}")["world_size"] == 8, "the job never reported")
+    yield feed
+    feed.stop()

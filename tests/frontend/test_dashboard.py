@@ -25,6 +25,11 @@ def node_row(page: Page, name: str):
     return page.locator(f'tr[data-node="{name}"]')
 
 
+def list_all_nodes(page: Page) -> None:
+    """The overview's table lists the nodes needing attention; ask it for all of them."""
+    page.locator("#status-filter").select_option("*")
+
+
 def test_sign_in_then_the_overview_shows_the_simulated_node(
     page: Page, cluster: Cluster, screenshot: Screenshot
 ) -> None:
@@ -40,6 +45,10 @@ def test_sign_in_then_the_overview_shows_the_simulated_node(
     page.get_by_label("Access token").fill(cluster.token)
     page.keyboard.press("Enter")  # the form is usable from the keyboard alone
 
+    tile = page.locator(f'.node-grid a.tile[data-node="{SIM_NODE}"]')
+    expect(tile).to_have_attribute("data-simulated", "true")
+    expect(tile).to_have_attribute("data-status", re.compile("healthy|degraded"))
+    list_all_nodes(page)
     row = node_row(page, SIM_NODE)
     expect(row).to_be_visible()
     expect(row.locator(".col-gpus")).to_have_text("2")
@@ -54,12 +63,13 @@ def test_sign_in_then_the_overview_shows_the_simulated_node(
     # The token is kept for this tab only.
     assert page.evaluate("sessionStorage.getItem('trainguard.token')") == cluster.token
     assert page.evaluate("localStorage.length") == 0
-    screenshot(page, "overview")
+    screenshot(page, "overview-first-sign-in")
 
 
 def test_overview_updates_live_without_a_reload(signed_in: Page, cluster: Cluster) -> None:
     page = signed_in
     page.goto(cluster.url + "/#/")
+    list_all_nodes(page)
     seen = node_row(page, SIM_NODE).locator(".col-seen time")
     expect(seen).to_be_visible()
     expect(page.locator("#conn")).to_have_text(re.compile("live"))

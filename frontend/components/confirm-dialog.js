@@ -1,0 +1,120 @@
+// A modal confirmation with a reason (and any other fields), on the native <dialog>:
+// focus moves into it and stays there, Escape cancels, and the action runs from inside,
+// so a refused request (403 without an operator token, 409 ...) is shown where the
+// operator is looking and the dialog stays open to try again.
+import { h } from "../lib/dom.js";
+
+/**
+ * confirmDialog({title, text, confirmLabel, danger, fields, action, signal})
+ * fields: [{name, label, kind: "textarea" | "select", options: [[value, label]], value,
+ *           required, help}]
+ * action(values) -> result: may throw; its message is shown in the dialog.
+ * Resolves to the action's result, or null when cancelled.
+ */
+export function confirmDialog({
+  title,
+  text = "",
+  confirmLabel = "Confirm",
+  danger = false,
+  fields = [],
+  action,
+  signal,
+}) {
+  return new Promise((resolve) => {
+    const inputs = new Map();
+    const rows = fields.map((field) => {
+      const id = `dlg-${field.name}`;
+      let input;
+      if (field.kind === "select") {
+        input = h(
+          "select",
+          { id, name: field.name },
+          field.options.map(([value, label]) =>
+            h("option", { value, selected: value === field.value }, label),
+          ),
+        );
+      } else {
+        input = h("textarea", {
+          id,
+          name: field.name,
+          rows: 3,
+          maxlength: 500,
+          required: field.required,
+          placeholder: field.placeholder ?? null,
+        });
+        input.value = field.value ?? "";
+      }
+      inputs.set(field.name, input);
+      return h(
+        "div",
+        { class: "field" },
+        h("label", { for: id }, field.label),
+        input,
+        field.help ? h("p", { class: "muted field-help" }, field.help) : null,
+      );
+    });
+    const message = h("p", { class: "dialog-message", role: "alert" });
+    const cancel = h("button", { type: "button", class: "btn" }, "Cancel");
+    const confirm = h(
+      "button",
+      { type: "submit", class: danger ? "btn btn-danger" : "btn btn-primary" },
+      confirmLabel,
+    );
+    const form = h(
+      "form",
+      { method: "dialog", novalidate: true },
+      h("h2", {}, title),
+      text ? h("p", {}, text) : null,
+      rows,
+      message,
+      h("div", { class: "dialog-buttons" }, cancel, confirm),
+    );
+    const dialog = h("dialog", { class: "confirm-dialog", "aria-label": title }, form);
+    document.body.append(dialog);
+
+    let done = false;
+    function finish(result) {
+      if (done) return;
+      done = true;
+      signal?.removeEventListener("abort", onAbort);
+      if (dialog.open) dialog.close();
+      dialog.remove();
+      resolve(result);
+    }
+    const onAbort = () => finish(null);
+    signal?.addEventListener("abort", onAbort);
+
+    cancel.addEventListener("click", () => finish(null));
+    dialog.addEventListener("cancel", (event) => {
+      event.preventDefault();
+      finish(null);
+    });
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const values = Object.fromEntries([...inputs].map(([name, el]) => [name, el.value.trim()]));
+      const empty = fields.find((f) => f.required && !values[f.name]);
+      if (empty) {
+        message.textContent = `${empty.label}: required.`;
+        inputs.get(empty.name).focus();
+        return;
+      }
+      confirm.disabled = true;
+      cancel.disabled = true;
+      message.textContent = "Sending\u2026";
+      try {
+        const result = await action(values);
+        finish(result ?? true);
+      } catch (error) {
+        if (error.name === "AbortError") return finish(null);
+        message.textContent =
+          error.status === 403
+            ? `Refused: this needs an operator token (${error.detail}).`
+            : `Failed: ${error.message}`;
+        confirm.disabled = false;
+        cancel.disabled = false;
+      }
+    });
+    dialog.showModal();
+    (inputs.values().next().value ?? confirm).focus();
+  });
+}

@@ -1,0 +1,158 @@
+"""Synthetic agent batches for the dashboard's tests and benchmark: what real agents
+would send for a training job (StepReport + RankStatus) or for a large cluster (GPU
+inventory + one sample per GPU), as plain JSON bodies for POST /api/v1/ingest.
+
+Everything is derived from a seed, so a run draws the same cluster every time."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def agent_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass
+class JobSeed:
+    """A job of `len(nodes) * ranks_per_node` ranks, `steps` steps of about `step_s`
+    seconds each, ending now; `slow_rank` runs `slow_factor` times slower."""
+
+    name: str
+    nodes: list[str]
+    ranks_per_node: int = 4
+    steps: int = 60
+    step_s: float = 1.0
+    slow_rank: int | None = 5
+    slow_factor: float = 1.6
+    attempt: int = 0
+    iteration: int = 0
+    seed: int = 7
+    _agents: dict[str, str] = field(default_factory=dict)
+    _seq: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes) * self.ranks_per_node
+
+    def batches(
+        self, now: float, first_step: int = 0, steps: int | None = None
+    ) -> list[dict[str, Any]]:
+        """One batch per node with its ranks' steps [first_step, first_step + steps),
+        the last one ending about now, and every rank's status."""
+        count = self.steps if steps is None else steps
+        rng = random.Random(self.seed + first_step)
+        t0 = now - count * self.step_s * 1.05
+        out = []
+        for n, node in enumerate(self.nodes):
+            ranks = range(n * self.ranks_per_node, (n + 1) * self.ranks_per_node)
+            steps = []
+            for rank in ranks:
+                t = t0
+                for i in range(count):
+                    slow = self.slow_factor if rank == self.slow_rank else 1.0
+                    dt = self.step_s * slow * rng.uniform(0.92, 1.08)
+                    # Every rank waits for the slowest at the step's end (synchronous SGD):
+                    # the straggler's own compute is what shows in its step time.
+                    steps.append(
+                        {
+                            "job": self.name,
+                            "rank": rank,
+                            "step": first_step + i,
+                            "start": t,
+                            "end": t + dt,
+                            "attempt": self.attempt,
+                            "iteration": self.iteration,
+                        }
+                    )
+                    t += self.step_s * 1.05
+            status = [
+                {
+                    "job": self.name,
+                    "rank": rank,
+                    "pid": 40000 + rank,
+                    "local_rank": rank - n * self.ranks_per_node,
+                    "world_size": self.world_size,
+                    "attempt": self.attempt,
+                    "iteration": self.iteration,
+                    "last_heartbeat": now,
+                    "last_step": first_step + count - 1,
+                    "alive": True,
+                }
+                for rank in ranks
+            ]
+            self._seq[node] = self._seq.get(node, 0) + 1
+            out.append(
+                {
+                    "node": node,
+                    "agent_id": self._agents.setdefault(node, agent_id()),
+                    "seq": self._seq[node],
+                    "sent_at": now,
+                    "simulated": True,
+                    "steps": steps,
+                    "ranks": status,
+                }
+            )
+        return out
+
+
+def xid_batch(
+    node: str, xid: int, now: float, message: str = "", gpu: str | None = None
+) -> dict[str, Any]:
+    gpu = gpu or f"GPU-{node}-0"
+    return {
+        "node": node,
+        "agent_id": agent_id(),
+        "seq": 1,
+        "sent_at": now,
+        "simulated": True,
+        "gpus": [{"uuid": gpu, "index": 0, "name": "test GPU"}],
+        "events": [{"kind": "xid", "ts": now, "gpu_uuid": gpu, "xid": xid, "message": message}],
+    }
+
+
+def cluster_batches(
+    nodes: int, gpus_per_node: int, now: float, seed: int = 11
+) -> list[dict[str, Any]]:
+    """One batch per node: its GPU inventory and one sample per GPU (a large cluster)."""
+    rng = random.Random(seed)
+    out = []
+    for n in range(nodes):
+        name = f"gpu-node-{n:04d}"
+        gpus = [
+            {
+                "uuid": f"GPU-{n:04d}-{g}-{uuid.UUID(int=rng.getrandbits(128))}",
+                "index": g,
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_total_mib": 81559.0,
+                "power_limit_w": 700.0,
+            }
+            for g in range(gpus_per_node)
+        ]
+        samples = [
+            {
+                "uuid": g["uuid"],
+                "ts": now,
+                "util": round(rng.uniform(85, 100), 1),
+                "temp_c": round(rng.uniform(40, 75), 1),
+                "power_w": round(rng.uniform(400, 690), 1),
+                "mem_used_mib": 70000.0,
+                "mem_total_mib": 81559.0,
+            }
+            for g in gpus
+        ]
+        out.append(
+            {
+                "node": name,
+                "agent_id": agent_id(),
+                "seq": 1,
+                "sent_at": now,
+                "simulated": True,
+                "gpus": gpus,
+                "samples": samples,
+            }
+        )
+    return out
