@@ -32,6 +32,7 @@ from backend.ingest.router import router as ingest_router
 from backend.ingest.writer import IngestWriter, Stored
 from backend.jobs.router import router as jobs_router
 from backend.live.bus import LiveBus
+from backend.live.pgnotify import PgNotifyBus, bus_for
 from backend.live.router import router as live_router
 from backend.retention import Retention, RetentionPolicy
 from backend.settings import Settings
@@ -73,7 +74,8 @@ def _publish_stored(bus: LiveBus, stored: Stored) -> None:
 def create_app(settings: Settings) -> FastAPI:
     engine = db.make_engine(settings.url)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    bus = LiveBus()
+    # PostgreSQL: live updates fan out to every replica with LISTEN/NOTIFY.
+    bus = bus_for(settings.url)
 
     def _after_store(stored: Stored) -> None:
         if decision_engine is not None:
@@ -139,6 +141,8 @@ def create_app(settings: Settings) -> FastAPI:
             await asyncio.to_thread(db.upgrade, settings.url)
         loop = asyncio.get_running_loop()
         bus.loop = loop
+        if isinstance(bus, PgNotifyBus):
+            bus.start()
         notifier.bind(loop)
         writer.start()
         if decision_engine is not None:
@@ -157,6 +161,8 @@ def create_app(settings: Settings) -> FastAPI:
             if decision_engine is not None:
                 await asyncio.to_thread(decision_engine.stop)  # releases the lock
             await asyncio.to_thread(writer.stop)  # drain in-flight ingest
+            if isinstance(bus, PgNotifyBus):
+                await asyncio.to_thread(bus.stop)
             engine.dispose()
 
     app = FastAPI(
