@@ -132,6 +132,8 @@ class AdvisoryLockLeadership:
         self.acquired_at = None
         self.lost += 1
         self._close()
+        # Let the standbys (who try every retry_s) take over before trying again.
+        self._next_try = time.monotonic() + 2 * self.retry_s
 
     def _close(self) -> None:
         if self._conn is not None:
