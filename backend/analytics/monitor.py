@@ -158,8 +158,11 @@ class AnalyticsMonitor:
                 st.detector.restore(rank, flag["since"], gen)
         placements = repo.placements(session, job.id)
         st.node_flags = node_flags(st.detector.flagged(), {p.rank: p.node for p in placements})
+        # Warm up on about K windows of the newest rows: less than K complete windows, so a
+        # replay of windows a previous process already scored cannot flag on its own, and
+        # flags it has persisted are not re-announced.
         world = max(job.world_size, len(placements), 1)
-        limit = min(MAX_ROWS_PER_TICK, (self.cfg.flag_windows + 2) * self.cfg.window_steps * world)
+        limit = min(MAX_ROWS_PER_TICK, self.cfg.flag_windows * self.cfg.window_steps * world)
         self._feed(st, repo.recent_step_rows(session, job.id, limit))
         return st
 

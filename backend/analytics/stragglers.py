@@ -93,20 +93,20 @@ class _Window:
     end: float = 0.0  # the latest step end seen in it
 
 
-def median(values: Sequence[float]) -> float:
-    s = sorted(values)
-    n = len(s)
-    h = n >> 1
-    return s[h] if n & 1 else (s[h - 1] + s[h]) * 0.5
-
-
 def score_window(
     durations: Mapping[int, Sequence[float]], min_steps: int, reference_quantile: float
 ) -> tuple[float | None, dict[int, float]]:
     """(reference step time, {rank: median step time}) of one window; ranks with fewer
     than min_steps durations are left out. The reference is the nearest-rank lower
     quantile of the medians (the fastest rank when there are fewer than 10)."""
-    medians = {r: median(d) for r, d in durations.items() if len(d) >= min_steps}
+    medians: dict[int, float] = {}
+    for r, d in durations.items():  # inlined median: this loop runs once per rank
+        n = len(d)
+        if n < min_steps:
+            continue
+        s = sorted(d)
+        h = n >> 1
+        medians[r] = s[h] if n & 1 else (s[h - 1] + s[h]) * 0.5
     if not medians:
         return None, medians
     ordered = sorted(medians.values())

@@ -249,3 +249,34 @@ def test_a_node_whose_ranks_are_all_slow_is_flagged(make_client: Any) -> None:
         lambda: 'trainguard_job_stragglers{job="slownode"} 2.0' in client.get("/metrics").text
     )
     assert metrics
+
+
+def test_flags_survive_a_backend_restart(make_client: Any) -> None:
+    settings = {
+        "analytics_interval_s": 0.1,
+        "straggler_window_steps": 10,
+        "straggler_flag_windows": 2,
+        "straggler_unflag_windows": 2,
+    }
+    first = make_client(**settings)
+    job = Job(first, "restarted")
+    job.run(41, {1: 1.5})
+    wait_for(_when(job.stragglers, lambda b: _flagged(b) == [1]), 20)
+    first.__exit__(None, None, None)  # the backend stops; the flag is an event row
+    second = make_client(**settings)
+    job.client = second
+    body = job.stragglers()
+    assert _flagged(body) == [1] and body["ranks"][1]["flagged_since"] is not None
+    # The new process picks the flag up and unflags the rank once it is fast again.
+    job.run(40, {})
+    wait_for(_when(job.stragglers, lambda b: _flagged(b) == []), 20)
+    events = second.get("/api/v1/events", params={"kind": "straggler"}).json()
+    assert [e["data"]["flagged"] for e in events] == [False, True]
+
+
+def test_the_benchmark_flags_exactly_the_slow_ranks() -> None:
+    from backend.bench.stragglers import run
+
+    out = run(ranks=256, window_steps=10, windows=4, slow_fraction=0.05)
+    assert out["flagged_exactly_the_slow"] and out["slow_ranks"] == 12
+    assert out["rows_per_window"] == 2560 and out["score_ms_median"] > 0
