@@ -1,13 +1,22 @@
-"""/metrics for Prometheus: the backend's own counters (the production issue adds the
-fleet gauges)."""
+"""/metrics for Prometheus: ingest counters, goodput and stragglers, incidents and
+restarts, engine leadership, live fan-out and alert deliveries (docs/deploy.md lists
+them; deploy/grafana/ draws them)."""
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+from collections import Counter
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from backend.models import Incident
+from backend.models.control import ACTIVE_STATUSES, INCIDENT_STATUSES
 
 
 class WriterCollector(Collector):
@@ -66,8 +75,135 @@ class AnalyticsCollector(Collector):
         yield badput
 
 
+class ControlCollector(Collector):
+    """Incidents and restarts (cluster-wide, from the database: every replica reports the
+    same numbers, so take max() across replicas), and this replica's engine leadership,
+    live fan-out and alert deliveries. Database reads are cached for CACHE_S."""
+
+    CACHE_S = 5.0
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def _from_db(self) -> tuple[dict[str, int], dict[tuple[str, str, str], int]]:
+        cached = getattr(self.app.state, "metrics_db_cache", None)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < self.CACHE_S:
+            return cached[1], cached[2]
+        with self.app.state.sessions() as s:
+            statuses = dict(
+                s.execute(select(Incident.status, func.count()).group_by(Incident.status)).all()
+            )
+            restarts: Counter[tuple[str, str, str]] = Counter()
+            for cause, trigger, decisions in s.execute(
+                select(Incident.cause, Incident.trigger, Incident.decisions)
+            ):
+                for d in decisions or ():
+                    if d.get("restart"):
+                        restarts[(str(d.get("level")), cause, trigger)] += 1
+        self.app.state.metrics_db_cache = (now, statuses, restarts)
+        return statuses, restarts
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        up = GaugeMetricFamily(
+            "trainguard_database_up", "1 when this replica could read the database for /metrics"
+        )
+        try:
+            statuses, restarts = self._from_db()
+        except Exception:
+            statuses, restarts = None, None
+        up.add_metric([], 0.0 if statuses is None else 1.0)
+        yield up
+        if statuses is not None and restarts is not None:
+            g = GaugeMetricFamily("trainguard_incidents", "incidents by status", labels=["status"])
+            for status in INCIDENT_STATUSES:
+                g.add_metric([status], statuses.get(status, 0))
+            yield g
+            g = GaugeMetricFamily(
+                "trainguard_open_incidents", "incidents being handled or awaiting approval"
+            )
+            g.add_metric([], sum(statuses.get(st, 0) for st in ACTIVE_STATUSES))
+            yield g
+            c = CounterMetricFamily(
+                "trainguard_restarts",
+                "restart actions taken (escalations count once per level), by level and cause",
+                labels=["level", "cause", "trigger"],
+            )
+            for (level, cause, trigger), n in sorted(restarts.items()):
+                c.add_metric([level, cause, trigger], n)
+            yield c
+        yield from self._engine()
+        yield from self._fanout()
+        yield from self._alerts()
+
+    def _engine(self):  # type: ignore[no-untyped-def]
+        engine = getattr(self.app.state, "decision_engine", None)
+        replica = f"{socket.gethostname()}:{os.getpid()}"
+        leader = GaugeMetricFamily(
+            "trainguard_engine_leader",
+            "1 on the replica whose decision engine leads (holds the advisory lock)",
+            labels=["replica"],
+        )
+        leader.add_metric(
+            [replica], 1.0 if engine is not None and engine.leadership.is_leader else 0.0
+        )
+        yield leader
+        if engine is None:
+            return
+        since = getattr(engine.leadership, "acquired_at", None)
+        if since is not None:
+            g = GaugeMetricFamily(
+                "trainguard_engine_leader_since_seconds", "when this replica became leader"
+            )
+            g.add_metric([], since)
+            yield g
+        for key, help_, value in (
+            ("cycles", "decision cycles run while leading", engine.cycles),
+            ("errors", "decision cycles that failed", engine.errors),
+        ):
+            c = CounterMetricFamily(f"trainguard_engine_{key}", help_)
+            c.add_metric([], value)
+            yield c
+        c = CounterMetricFamily(
+            "trainguard_engine_outcomes",
+            "what the engine did with evidence on this replica, by outcome",
+            labels=["outcome"],
+        )
+        for key, n in sorted(dict(engine.decider.stats).items()):
+            c.add_metric([key], n)
+        yield c
+
+    def _fanout(self):  # type: ignore[no-untyped-def]
+        stats = getattr(getattr(self.app.state, "bus", None), "stats", None)
+        if stats is None:
+            return
+        for key, help_ in (
+            ("sent", "live notifications sent to the other replicas"),
+            ("received", "live messages received from the other replicas"),
+            ("dropped", "live messages not sent (queue full, database errors)"),
+            ("errors", "LISTEN/NOTIFY errors"),
+        ):
+            c = CounterMetricFamily(f"trainguard_live_fanout_{key}", help_)
+            c.add_metric([], getattr(stats, key))
+            yield c
+
+    def _alerts(self):  # type: ignore[no-untyped-def]
+        alerts = getattr(self.app.state, "alerts", None)
+        if alerts is None:
+            return
+        c = CounterMetricFamily(
+            "trainguard_alerts",
+            "alert deliveries by webhook, kind and outcome (sent, failed, dropped)",
+            labels=["webhook", "kind", "outcome"],
+        )
+        for (hook, kind, outcome), n in sorted(dict(alerts.stats).items()):
+            c.add_metric([hook, kind, outcome], n)
+        yield c
+
+
 def render(app: Any) -> bytes:
     registry = CollectorRegistry()
     registry.register(WriterCollector(app))
     registry.register(AnalyticsCollector(app))
+    registry.register(ControlCollector(app))
     return generate_latest(registry)
