@@ -9,10 +9,13 @@ docs/restarts.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,3 +170,49 @@ def launch(
         )
         log.close()
     return procs
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(raw[raw.rfind(")") + 2 :].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (ft_launcher starts its workers in sessions of their own,
+    so signalling the launcher's process group does not reach them)."""
+    kids, out, todo = _children(), [], [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def stop(procs: list[subprocess.Popen[bytes]], grace: float = 15.0) -> None:
+    """Stop the demo job: SIGTERM to the launchers (they stop their workers), then SIGKILL
+    to whatever is left of them and of their workers after `grace` seconds."""
+    workers = [d for p in procs if p.poll() is None for d in descendants(p.pid)]
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)

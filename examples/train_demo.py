@@ -20,6 +20,7 @@ The measured configuration (docs/restarts.md, reference nvrx-on-cpu.md):
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import datetime
 import gc
@@ -29,6 +30,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
@@ -112,6 +114,19 @@ class ReleaseGloo(inprocess.finalize.Finalize):
             todo += [exc.__cause__, exc.__context__]
         gc.collect()
         return state
+
+
+def wait_saved(fut: Any) -> None:
+    """Wait for an async save in short slices: a blocking Future.result() sits in a lock
+    acquire, where NVRx's restart exception cannot land (it is delivered only while Python
+    code runs), so a rank waiting for its save would miss a restart until the save's
+    collectives time out."""
+    while True:
+        try:
+            fut.result(timeout=0.05)
+            return
+        except concurrent.futures.TimeoutError:
+            continue
 
 
 def newest_checkpoint(root: Path) -> int:
@@ -217,7 +232,7 @@ def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = 
         if step % args.ckpt_every == 0:
             pending = mem.pop("pending", None)
             if pending is not None:
-                pending.result()  # the previous save finished before the next starts
+                wait_saved(pending)  # the previous save finished before the next starts
             with tg.checkpoint("save", step):
                 msd, osd = get_state_dict(model, opt)
                 mem["pending"] = dcp.async_save(
@@ -230,7 +245,7 @@ def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = 
     tg.finished()
     pending = mem.pop("pending", None)
     if pending is not None:
-        pending.result()
+        wait_saved(pending)
     dist.barrier()
     dist.destroy_process_group()
     mem.pop("ckpt_pg", None)

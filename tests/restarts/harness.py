@@ -4,6 +4,7 @@ the agents saw. Used by the slow tests and by bench_restarts.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -78,10 +79,12 @@ class Cluster:
         )
 
     def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        demojob.stop(self.procs, grace=10)
+        for n in self.nodes:  # and any worker the launchers left behind
+            for pid in list(n.local.ranks):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    if n.local.ranks[pid].alive:
+                        os.kill(pid, signal.SIGKILL)
         for n in self.nodes:
             n.local.stop()
         self.store.stop()
@@ -161,10 +164,13 @@ def fault_time(cluster: Cluster) -> float:
     return float(ev.ts)
 
 
-def recovery_s(cluster: Cluster, fault_at: float) -> float:
-    """Fault to the next completed step, of the slowest rank."""
+def recovery_s(cluster: Cluster, fault_at: float, restarted_only: bool = False) -> float:
+    """Fault to the next completed step, of the slowest rank. With restarted_only, only
+    steps after a restart count (a command can arrive while a step completes)."""
     firsts: dict[int, float] = {}
     for s in cluster.collect().steps:
+        if restarted_only and not (s.attempt or s.iteration):
+            continue
         if s.end > fault_at and (s.rank not in firsts or s.end < firsts[s.rank]):
             firsts[s.rank] = s.end
     return max(firsts.values()) - fault_at
