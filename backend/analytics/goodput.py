@@ -30,6 +30,7 @@ import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 BUCKETS = (
     "initialization",
@@ -162,9 +163,14 @@ def account(
     # Generations and the gaps between them.
     gens: dict[tuple[int, int], list[float]] = {}
     for s in order:
-        g = gens.setdefault((s.attempt, s.iteration), [s.start, s.end])
-        g[0] = min(g[0], s.start)
-        g[1] = max(g[1], s.end)
+        g = gens.get((s.attempt, s.iteration))
+        if g is None:
+            gens[(s.attempt, s.iteration)] = [s.start, s.end]
+        else:
+            if s.start < g[0]:
+                g[0] = s.start
+            if s.end > g[1]:
+                g[1] = s.end
     ends = [s.end for s in order]
     incident_spans = []
     for fault, resumed in incidents:
@@ -248,52 +254,61 @@ def _sweep(
     points = max(1, points)
     width = (until - since) / points
     cuts = [since + b * width for b in range(points)] + [until]
-    events: list[tuple[float, int, int, int]] = []  # (t, +1 open / -1 close, prio, index)
+    # (t, +1 open / -1 close / 0 a bar boundary, priority, step index or -1)
+    events: list[tuple[float, int, int, int]] = [(c, 0, 0, -1) for c in cuts]
     for a, b, prio, idx in intervals:
         if b > a:
             events.append((a, 1, prio, idx))
             events.append((b, -1, prio, idx))
-    times = sorted({t for t, *_ in events} | set(cuts))
-    events.sort(key=lambda e: e[0])
+    events.sort(key=itemgetter(0))
     counts = [0] * 6
-    active_steps: dict[int, int] = {}  # index -> prio (wasted or step)
+    active: dict[int, int] = {}  # open step intervals: index -> priority (wasted or step)
     totals = dict.fromkeys(BUCKETS, 0.0)
     rows = [dict.fromkeys(("productive", *BUCKETS), 0.0) for _ in range(points)]
     step_cov: dict[int, float] = {}
     pieces: list[tuple[int, int, float]] = []
-    e = 0
-    n_ev = len(events)
-    for j in range(len(times) - 1):
-        t = times[j]
-        while e < n_ev and events[e][0] <= t:
+    prio_range = range(6)
+    bucket = 0
+    e, n = 0, len(events)
+    while e < n:
+        t = events[e][0]
+        while e < n and events[e][0] == t:
             _, sign, prio, idx = events[e]
-            counts[prio] += sign
-            if idx >= 0:
-                if sign > 0:
-                    active_steps[idx] = prio
-                else:
-                    active_steps.pop(idx, None)
             e += 1
-        t2 = times[j + 1]
+            if sign:
+                counts[prio] += sign
+                if idx >= 0:
+                    if sign > 0:
+                        active[idx] = prio
+                    else:
+                        active.pop(idx, None)
+        if e >= n:
+            break
+        t2 = events[e][0]
         dt = t2 - t
-        top = next((p for p in range(6) if counts[p] > 0), None)
+        top = -1
+        for p in prio_range:
+            if counts[p]:
+                top = p
+                break
         step_idx = -1
         if top in (_WASTED, _STEP):
-            step_idx = max(i for i, p in active_steps.items() if p == top)
+            if len(active) == 1:
+                step_idx = next(iter(active))
+            else:  # overlapping steps (rare): the latest-ending of the winning kind
+                step_idx = max(i for i, p in active.items() if p == top)
             step_cov[step_idx] = step_cov.get(step_idx, 0.0) + dt
-        if t < since or t2 > until or dt <= 0:
+        if t < since or t2 > until:
             continue
-        bucket = min(points - 1, max(0, bisect.bisect_right(cuts, t) - 1))
-        if top is None:
-            label = "other"
-        elif step_idx >= 0:
+        while bucket < points - 1 and t >= cuts[bucket + 1]:
+            bucket += 1
+        if step_idx >= 0:
             if top == _WASTED:
                 totals["wasted_progress"] += dt
                 rows[bucket]["wasted_progress"] += dt
             pieces.append((step_idx, bucket, dt))
             continue
-        else:
-            label = _PRIO_BUCKET[top]
+        label = "other" if top < 0 else _PRIO_BUCKET[top]
         totals[label] += dt
         rows[bucket][label] += dt
     return totals, rows, step_cov, pieces
