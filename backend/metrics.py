@@ -186,6 +186,11 @@ class ControlCollector(Collector):
             c = CounterMetricFamily(f"trainguard_live_fanout_{key}", help_)
             c.add_metric([], getattr(stats, key))
             yield c
+        g = GaugeMetricFamily(
+            "trainguard_live_remote_topics", "live topics the other replicas subscribe to"
+        )
+        g.add_metric([], stats.remote_topics)
+        yield g
 
     def _alerts(self):  # type: ignore[no-untyped-def]
         alerts = getattr(self.app.state, "alerts", None)
