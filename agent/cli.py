@@ -184,7 +184,34 @@ def bench_ingest(
     """Sustained end-to-end ingest: load generators -> HTTP -> one backend -> database."""
     from backend.bench.ingest import run
 
-    report = run(nodes, gpus, duration, period, workers, database_url, data_dir, port, json_out)
+    _print_report(
+        run(nodes, gpus, duration, period, workers, database_url, data_dir, port, json_out)
+    )
+
+
+@bench_app.command("stragglers")
+def bench_stragglers(
+    ranks: Annotated[int, typer.Option(min=2)] = 16384,
+    window_steps: Annotated[int, typer.Option(min=2)] = 20,
+    windows: Annotated[int, typer.Option(min=1)] = 8,
+    slow_fraction: Annotated[float, typer.Option(min=0, max=1)] = 0.01,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Straggler scoring cost per window for N ranks (target < 100 ms on one core)."""
+    from backend.bench.stragglers import run
+
+    _print_report(
+        run(
+            ranks=ranks,
+            window_steps=window_steps,
+            windows=windows,
+            slow_fraction=slow_fraction,
+            seed=seed,
+        )
+    )
+
+
+def _print_report(report: dict) -> None:  # type: ignore[type-arg]
     width = max(len(k) for k in report)
     for k, v in report.items():
         typer.echo(f"{k:<{width}}  {v}")

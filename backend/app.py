@@ -104,6 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
                 await asyncio.to_thread(retention.run_once)
             except Exception as exc:  # the database may be down: try next time
                 log.warning("retention run failed: %s", exc)
+
     # The decision engine (docs/engine.md); it decides only while this replica leads.
     decision_engine = (
         DecisionEngine.from_settings(settings, sessions, notifier, bus)
@@ -186,8 +187,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        msgs = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:10]]
-        return JSONResponse({"detail": "; ".join(msgs), "errors": exc.errors()[:10]}, 422)
+        errs = exc.errors()[:10]
+        msgs = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errs]
+        # `ctx` can hold the validator's exception object: keep only JSON-safe fields.
+        safe = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errs]
+        return JSONResponse({"detail": "; ".join(msgs), "errors": safe}, 422)
 
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(ingest_router)
