@@ -211,6 +211,19 @@ def bench_stragglers(
     )
 
 
+@bench_app.command("agent")
+def bench_agent(
+    duration: Annotated[float, typer.Option(min=5, help="seconds measured")] = 60,
+    gpus: Annotated[int, typer.Option(min=1, max=64)] = 8,
+    ranks: Annotated[int, typer.Option(min=1, max=64)] = 8,
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8312,
+) -> None:
+    """Agent CPU and RSS with simulated GPUs and SDK ranks; the SDK step-hook cost."""
+    from backend.bench.agent import run
+
+    _print_report(run(duration=duration, gpus=gpus, ranks=ranks, port=port))
+
+
 def _print_report(report: dict) -> None:  # type: ignore[type-arg]
     width = max(len(k) for k in report)
     for k, v in report.items():

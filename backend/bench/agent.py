@@ -1,0 +1,159 @@
+"""`trainguard bench agent`: what the node agent and the SDK cost a training node.
+
+1. Agent CPU (% of one core) and RSS: a real `trainguard agent --simulate 8` at 1 Hz,
+   posting to a real backend, while 8 rank processes report through the SDK at 10
+   steps/s each (targets: < 1 % of a core, < 80 MB).
+2. SDK step-hook cost per step (`with tg.step(n): pass`), with an agent listening on the
+   socket and with none (target: < 20 microseconds).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TOKEN = "bench-token-0123456789abcdef"
+
+_RANK = """
+import os, time
+from agent import sdk
+tg = sdk.attach()
+end = time.monotonic() + float(os.environ["BENCH_SECONDS"])
+n = 0
+while time.monotonic() < end:
+    with tg.step(n):
+        time.sleep(0.1)
+    n += 1
+tg.finished()
+"""
+
+
+def _proc_cpu_rss(pid: int) -> tuple[float, float]:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+    return cpu, rss
+
+
+def hook_cost_us(socket_path: str, steps: int = 50_000, repeats: int = 5) -> float:
+    """Median over repeats of the mean cost of one empty step hook, in microseconds."""
+    from agent import sdk
+
+    os.environ.update(
+        TRAINGUARD_AGENT_SOCKET=socket_path, RANK="0", WORLD_SIZE="1", TRAINGUARD_JOB="bench-hook"
+    )
+    tg = sdk.attach(socket_path=socket_path, heartbeat_interval=3600)  # no heartbeats in the timing
+    try:
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for n in range(steps):
+                with tg.step(n):
+                    pass
+            runs.append((time.perf_counter() - t0) / steps * 1e6)
+        return statistics.median(runs)
+    finally:
+        tg.close()
+
+
+def run(duration: float = 60.0, gpus: int = 8, ranks: int = 8, port: int = 8312) -> dict[str, Any]:
+    from backend.demo import wait_ready
+
+    tmp = Path(tempfile.mkdtemp(prefix="tg-bench-agent-"))
+    sock = str(tmp / "agent.sock")
+    env = {**os.environ, "TRAINGUARD_ADMIN_TOKEN": TOKEN, "TRAINGUARD_DATA_DIR": str(tmp)}
+    env.pop("TRAINGUARD_DATABASE_URL", None)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent.cli",
+                "server",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(server)
+        wait_ready(f"http://127.0.0.1:{port}", proc=server)
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent.cli",
+                "agent",
+                "--server",
+                f"http://127.0.0.1:{port}",
+                "--token",
+                TOKEN,
+                "--node",
+                "bench-node",
+                "--simulate",
+                str(gpus),
+            ],
+            env={
+                **env,
+                "TRAINGUARD_AGENT_SOCKET_PATH": sock,
+                "TRAINGUARD_AGENT_SPOOL_DIR": str(tmp / "spool"),
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(agent)
+        deadline = time.monotonic() + 30
+        while not Path(sock).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        warmup = 5.0
+        for r in range(ranks):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _RANK],
+                    env={
+                        **env,
+                        "TRAINGUARD_AGENT_SOCKET": sock,
+                        "RANK": str(r),
+                        "LOCAL_RANK": str(r),
+                        "WORLD_SIZE": str(ranks),
+                        "TRAINGUARD_JOB": "bench-agent",
+                        "BENCH_SECONDS": str(duration + warmup + 5),
+                    },
+                )
+            )
+        time.sleep(warmup)  # imports done, steady state reached
+        cpu0, rss0 = _proc_cpu_rss(agent.pid)
+        t0 = time.monotonic()
+        time.sleep(duration)
+        cpu1, rss1 = _proc_cpu_rss(agent.pid)
+        elapsed = time.monotonic() - t0
+        with_agent = hook_cost_us(sock)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+    without_agent = hook_cost_us(str(tmp / "nobody-listens.sock"))
+    return {
+        "gpus": gpus,
+        "ranks": ranks,
+        "rank_steps_per_s": ranks * 10,
+        "duration_s": round(elapsed, 1),
+        "agent_cpu_pct_of_core": round(100 * (cpu1 - cpu0) / elapsed, 2),
+        "agent_rss_mib_start": round(rss0, 1),
+        "agent_rss_mib_end": round(rss1, 1),
+        "sdk_step_hook_us_agent_listening": round(with_agent, 2),
+        "sdk_step_hook_us_no_agent": round(without_agent, 2),
+    }
