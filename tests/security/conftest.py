@@ -1,0 +1,68 @@
+"""Tokens of every role, created through the real token service in the test's database."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from agent import wire
+from backend.tokens import service
+from tests.support import free_port, wait_for
+
+
+@dataclass(frozen=True)
+class Tokens:
+    agent_n1: str
+    agent_n2: str
+    viewer: str
+    operator: str
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def batch(node: str, seq: int = 1, agent_id: str = "agent000001", **kw: object) -> bytes:
+    return wire.encode(
+        wire.Batch(node=node, agent_id=agent_id, seq=seq, sent_at=time.time(), **kw)  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def tokens(db_url: str) -> Tokens:
+    engine = create_engine(db_url)
+    with Session(engine) as session:
+        made = [
+            service.create(session, "agent", "n1", "n1").token,
+            service.create(session, "agent", "n2", "n2").token,
+            service.create(session, "viewer", "alice", None).token,
+            service.create(session, "operator", "bob", None).token,
+        ]
+        session.commit()
+    engine.dispose()
+    return Tokens(*made)
+
+
+@pytest.fixture
+def live_url(make_client: Any) -> Iterator[str]:
+    """The app under a real uvicorn on a loopback port (for what TestClient cannot do,
+    such as reading the start of a stream that never ends)."""
+    import uvicorn
+
+    app = make_client().app
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 10, 0.02)
+    yield f"http://127.0.0.1:{server.config.port}"
+    server.should_exit = True
+    thread.join(10)
