@@ -30,7 +30,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backend.commands.service import get_incident, incident_dict
 from backend.engine import sweep
-from backend.engine.decide import Decider, HookJob
+from backend.engine.actions import HookJob
+from backend.engine.decide import Decider
 from backend.engine.evidence import EVIDENCE_KINDS, Evidence
 from backend.engine.hooks import HookResult, run_hook
 from backend.engine.leader import AdvisoryLockLeadership, Leadership, leadership_for
@@ -190,7 +191,7 @@ class DecisionEngine:
         now = self.clock()
         sweep.silent_nodes(self.decider, s, now, self.fresh_within_s, self._down_seen)
         sweep.due_incidents(self.decider, s, now)
-        sweep.failed_incidents(self.decider, s)
+        sweep.failed_incidents(self.decider, s, now)
         sweep.resumed_from_steps(self.decider, s, now)
         sweep.orphaned_hooks(self.decider, s, now, self._running_hooks)
 
@@ -242,10 +243,13 @@ class DecisionEngine:
             # One event the engine cannot handle must not stop all the others.
             log.exception("engine: a batch of %d events failed; retrying one by one", len(wanted))
             for eid in wanted:
+
+                def one(s: Session, eid: int = eid) -> None:
+                    for e in self._load(s, [eid]):
+                        self.decider.handle(s, e)
+
                 try:
-                    self._tx(
-                        lambda s, eid=eid: [self.decider.handle(s, e) for e in self._load(s, [eid])]
-                    )
+                    self._tx(one)
                 except OperationalError:
                     raise
                 except Exception:
@@ -331,8 +335,12 @@ class DecisionEngine:
                 job, result = self._hook_results.get_nowait()
             except queue.Empty:
                 return
+
+            def follow(s: Session, job: HookJob = job, result: HookResult = result) -> None:
+                self.decider.after_hook(s, job, result)
+
             try:
-                self._tx(lambda s, job=job, result=result: self.decider.after_hook(s, job, result))
+                self._tx(follow)
             except Exception:
                 self._hook_results.put((job, result))  # try again next cycle
                 raise

@@ -16,7 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.engine import queries as q
-from backend.engine.decide import ENGINE_ACTOR, Decider, HookJob
+from backend.engine.actions import ENGINE_ACTOR, HookJob
+from backend.engine.decide import Decider
 from backend.engine.evidence import Evidence
 from backend.engine.hooks import HookResult
 from backend.engine.policy import next_level
@@ -24,6 +25,9 @@ from backend.models import Incident, Job, Node, Rank
 
 # A step-derived resumption waits this long for the agents' own `resumed` ack.
 RESUME_GRACE_S = 2.0
+# The sweep looks at incidents acted on (or failed) this recently; older ones are left as
+# they are (an operator sees them open or failed), so each sweep stays small.
+LOOKBACK_S = 3600.0
 
 
 def silent_nodes(
@@ -92,13 +96,17 @@ def due_incidents(d: Decider, session: Session, now: float) -> None:
             d.decide(session, inc, job, inc.level, f"{inc.cause} (after the cooldown)", True)
 
 
-def failed_incidents(d: Decider, session: Session) -> None:
+def failed_incidents(d: Decider, session: Session, now: float) -> None:
     """An automatic action that failed climbs one level (escalation.on_failed)."""
     if not d.policy.model.escalation.on_failed:
         return
     rows = session.scalars(
         select(Incident)
-        .where(Incident.status == "failed", Incident.trigger == "auto")
+        .where(
+            Incident.status == "failed",
+            Incident.trigger == "auto",
+            Incident.closed_at >= now - LOOKBACK_S,
+        )
         .with_for_update()
     ).all()
     for inc in rows:
@@ -127,6 +135,7 @@ def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
             Incident.status == "open",
             Incident.acted_at.is_not(None),
             Incident.acted_at <= now - RESUME_GRACE_S,
+            Incident.acted_at >= now - LOOKBACK_S,
             Incident.resumed_at.is_(None),
         )
         .with_for_update()
@@ -155,6 +164,7 @@ def orphaned_hooks(
             Incident.status == "open",
             Incident.acted_at.is_not(None),
             Incident.acted_at < now - timeout - 10,
+            Incident.acted_at >= now - timeout - 10 - LOOKBACK_S,
         )
     ).all()
     for inc in rows:
