@@ -79,6 +79,7 @@ class DecisionEngine:
         self.last_error = ""
         self._gaps: dict[int, float] = {}
         self._down_seen: set[tuple[int, float]] = set()
+        self._leading_since = clock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._cycle = threading.Lock()
@@ -189,7 +190,9 @@ class DecisionEngine:
 
     def _sweep(self, s: Session) -> None:
         now = self.clock()
-        sweep.silent_nodes(self.decider, s, now, self.fresh_within_s, self._down_seen)
+        sweep.silent_nodes(
+            self.decider, s, now, self.fresh_within_s, self._down_seen, self._leading_since
+        )
         sweep.due_incidents(self.decider, s, now)
         sweep.failed_incidents(self.decider, s, now)
         sweep.resumed_from_steps(self.decider, s, now)
@@ -207,6 +210,7 @@ class DecisionEngine:
             floor = s.scalar(select(func.min(Event.id)).where(Event.ts >= self.clock() - max_age))
             top = s.scalar(select(func.max(Event.id))) or 0
         self.hi = max(stored, top if floor is None else floor - 1)
+        self._leading_since = self.clock()
         log.info("engine: leading; reading events after id %d", self.hi)
 
     def _read_events(self) -> int:

@@ -2,7 +2,8 @@
 announces.
 
 - silent nodes: an agent that stopped sending while it hosts live ranks of a job is
-  evidence (`node_down`) for every such job;
+  evidence (`node_down`) for every such job (judged only once the engine has led for
+  the silence threshold itself);
 - incidents whose cooldown ended, or that an operator approved, are acted on;
 - incidents whose action failed (a command acked `failed`) climb one level;
 - incidents whose `resumed` ack is missing are resolved by the first completed step of
@@ -31,8 +32,17 @@ LOOKBACK_S = 3600.0
 
 
 def silent_nodes(
-    d: Decider, session: Session, now: float, down_after_s: float, seen: set[tuple[int, float]]
+    d: Decider,
+    session: Session,
+    now: float,
+    down_after_s: float,
+    seen: set[tuple[int, float]],
+    listening_since: float,
 ) -> None:
+    """Silence counts only once this engine has itself listened for `down_after_s`: after
+    a backend outage every node looks silent until its agent reconnects."""
+    if now - listening_since < down_after_s:
+        return
     max_age = d.policy.model.incidents.max_evidence_age_s
     nodes = session.scalars(
         select(Node).where(

@@ -68,18 +68,13 @@ class Cluster:
     def event(self, node: str, kind: str, ts: float | None = None, **kw: Any) -> None:
         self.post(node, events=[wire.Event(kind=kind, ts=self.clock.t if ts is None else ts, **kw)])
 
-    def age_node(self, node: str, seconds: float) -> None:
-        """Make a node's agent silent for `seconds` more (backend clock): its last batch
-        and its ranks' reports move back in time."""
+    def heard(self, node: str, at: float) -> None:
+        """The node's agent (and its ranks' reports) last heard at `at` (backend clock)."""
         with self.engine.sessions() as s, s.begin():
             n = s.scalar(select(Node).where(Node.name == node))
             assert n is not None
-            n.last_seen -= seconds
-            s.execute(
-                update(Rank)
-                .where(Rank.node_id == n.id)
-                .values(updated_at=Rank.updated_at - seconds)
-            )
+            n.last_seen = at
+            s.execute(update(Rank).where(Rank.node_id == n.id).values(updated_at=at))
 
     def decide(self) -> None:
         assert self.engine.run_once()
@@ -130,7 +125,7 @@ def make_cluster(
 ) -> Iterator[Callable[..., Cluster]]:
     engines: list[DecisionEngine] = []
 
-    def make(policy: str = "", **settings: Any) -> Cluster:
+    def make(policy: str = "", fresh: float = FRESH_S, **settings: Any) -> Cluster:
         client = make_client(engine_enabled=False, **settings)
         path = tmp_path / f"policy-{len(engines)}.toml"
         path.write_text(policy)
@@ -139,7 +134,7 @@ def make_cluster(
             client.app.state.sessions,
             load_policy(path),
             SingleProcessLeadership(),
-            fresh_within_s=FRESH_S,
+            fresh_within_s=fresh,
             notifier=client.app.state.commands_notifier,
             clock=clock,
         )
