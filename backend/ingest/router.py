@@ -8,13 +8,29 @@ import time
 
 import msgspec
 from fastapi import APIRouter, HTTPException, Request, Response
+from sqlalchemy import BigInteger, Integer
 
 from agent import wire
 from backend.auth import authorize, check_node
+from backend.ingest.writer import BatchRefused, DatabaseUnavailable
+from backend.models import SAMPLE_READINGS, Sample
 
 router = APIRouter(tags=["agents"])
 
 _MAX_FUTURE_S = 24 * 3600.0  # timestamps more than this ahead of the server are refused
+# ... and more than this behind it. Agents replay what they spooled while the backend was
+# away: the default 256 MiB spool holds about a day of an 8-GPU node at 1 s and a week of
+# a 1-GPU node. Anything older comes from a clock that was reset (1970, a dead RTC).
+_MAX_PAST_S = 7 * 24 * 3600.0
+_INT32 = 2**31 - 1
+_INT64 = 2**63 - 1
+# Sample readings stored in 32-bit columns (binary COPY would wrap larger values silently).
+_INT32_READINGS = tuple(
+    c
+    for c in SAMPLE_READINGS
+    if isinstance(Sample.__table__.c[c].type, Integer)
+    and not isinstance(Sample.__table__.c[c].type, BigInteger)
+)
 
 
 @router.post(
@@ -28,6 +44,9 @@ _MAX_FUTURE_S = 24 * 3600.0  # timestamps more than this ahead of the server are
     },
     responses={
         200: {"description": "stored (or a duplicate of a stored batch)"},
+        400: {"description": "malformed JSON; nothing was stored"},
+        401: {"description": "missing, unknown or revoked token"},
+        403: {"description": "not an agent token, or bound to another node"},
         413: {"description": "body too large"},
         422: {"description": "invalid batch; nothing was stored; the message names the field"},
         503: {"description": "database unavailable; retry"},
@@ -52,19 +71,59 @@ async def ingest(request: Request) -> Response:
         raise HTTPException(400, f"malformed JSON: {exc}") from None
     check_node(principal, batch.node)
     received_at = time.time()
-    _check_times(batch, received_at)
+    _check_batch(batch, received_at)
     future = request.app.state.writer.submit(batch, received_at)
-    result = await asyncio.wrap_future(future)  # database errors map to 503
+    try:
+        result = await asyncio.wrap_future(future)
+    except BatchRefused as exc:
+        raise HTTPException(422, f"invalid batch: the database refused it: {exc}") from None
+    except DatabaseUnavailable:
+        raise HTTPException(
+            503, "database unavailable, retry later", headers={"Retry-After": "2"}
+        ) from None
     return Response(wire.encode(result), media_type="application/json")
 
 
-def _check_times(batch: wire.Batch, now: float) -> None:
-    """Refuse timestamps far in the future of the server's clock (a broken agent clock
-    would otherwise poison every time-window query); the offset is recorded per node."""
-    horizon = now + _MAX_FUTURE_S
-    for name, items in (("samples", batch.samples), ("events", batch.events)):
-        for i, item in enumerate(items):
-            if item.ts > horizon:
-                raise HTTPException(
-                    422, f"invalid batch: timestamp too far in the future - at `$.{name}[{i}].ts`"
-                )
+def _refuse(what: str, where: str, note: str = "") -> HTTPException:
+    return HTTPException(422, f"invalid batch: {what} - at `{where}`{note}")
+
+
+def _check_batch(batch: wire.Batch, now: float) -> None:
+    """What the wire's bounds cannot say: timestamps within a window of the server's clock
+    (a broken agent clock would otherwise poison every time-window query; the skew within
+    the window is recorded per node), and integers within their database columns."""
+    lo, hi = now - _MAX_PAST_S, now + _MAX_FUTURE_S
+
+    def ts(value: float | None, where: str) -> None:
+        if value is None or lo <= value <= hi:
+            return
+        raise _refuse(f"timestamp too far in the {'future' if value > hi else 'past'}", where)
+
+    def num(value: int | None, limit: int, where: str) -> None:
+        if value is not None and value > limit:
+            raise _refuse("integer out of range", where, f" (at most {limit})")
+
+    num(batch.seq, _INT64, "$.seq")
+    ts(batch.sent_at, "$.sent_at")
+    samples = batch.samples
+    if samples:  # the hot path: one pass per field, the index only when something is off
+        stamps = [s.ts for s in samples]
+        if min(stamps) < lo or max(stamps) > hi:
+            i = next(i for i, t in enumerate(stamps) if not lo <= t <= hi)
+            ts(stamps[i], f"$.samples[{i}].ts")
+        for f in _INT32_READINGS:
+            values = [getattr(s, f) or 0 for s in samples]
+            if max(values) > _INT32:
+                i = next(i for i, v in enumerate(values) if v > _INT32)
+                num(values[i], _INT32, f"$.samples[{i}].{f}")
+    for i, e in enumerate(batch.events):
+        ts(e.ts, f"$.events[{i}].ts")
+    for i, st in enumerate(batch.steps):
+        ts(st.start, f"$.steps[{i}].start")
+        ts(st.end, f"$.steps[{i}].end")
+        for f in ("step", "attempt", "iteration"):
+            num(getattr(st, f), _INT32, f"$.steps[{i}].{f}")
+    for i, r in enumerate(batch.ranks or ()):
+        ts(r.last_heartbeat, f"$.ranks[{i}].last_heartbeat")
+        for f in ("pid", "attempt", "iteration", "last_step"):
+            num(getattr(r, f), _INT32, f"$.ranks[{i}].{f}")

@@ -6,7 +6,9 @@ batches waiting (up to a row cap), stores them in ONE transaction with bulk stat
 HTTP answer therefore means "stored": an agent that gets 200 may forget the batch.
 A replayed (node, agent_id, seq) is detected against ingest_batches and stored once.
 If the transaction fails, every batch in it fails (503 to its agent, which retries);
-nothing is ever half-stored.
+nothing is ever half-stored. A failure that is not the database's (a value a column cannot
+hold) is retried batch by batch, so only the culprit is refused (422) and its neighbours
+are stored.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DataError as SADataError
+from sqlalchemy.exc import DBAPIError, InterfaceError
+from sqlalchemy.exc import OperationalError as SAOperationalError
 
 from agent.wire import Batch, IngestResult
 from backend.models import (
@@ -71,6 +76,40 @@ def _pg_type(col: str) -> str:
 
 
 _PG_TYPES = [_pg_type(c) for c in SAMPLE_COLUMNS]
+
+
+class DatabaseUnavailable(Exception):
+    """The batch was not stored because of the database (down, busy, failing): retry."""
+
+
+class BatchRefused(Exception):
+    """The database refused this batch's values (it was stored alone, so it is this one)."""
+
+
+def _driver_error(exc: BaseException, *names: str) -> bool:
+    """The COPY path uses psycopg directly: its errors are not wrapped by SQLAlchemy."""
+    return any(
+        c.__module__.startswith("psycopg") and c.__name__ in names for c in type(exc).__mro__
+    )
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """A lost or refused connection: every batch would fail the same way."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, SAOperationalError | InterfaceError | ConnectionError):
+        return True
+    return _driver_error(exc, "OperationalError", "InterfaceError")
+
+
+def _data_error(exc: BaseException) -> bool:
+    """A value the database cannot hold: the batch's fault, retrying will not help."""
+    return isinstance(exc, SADataError | OverflowError) or _driver_error(exc, "DataError")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
 @dataclass
@@ -151,14 +190,34 @@ class IngestWriter:
         try:
             with self.engine.begin() as conn:
                 results, stored = self._store(conn, group)
-        except Exception as exc:  # any database failure fails the whole group
-            self.stats["failed"] += len(group)
+        except Exception as exc:
             self._node_ids.clear()
             self._gpu_ids.clear()
             self._job_ids.clear()
-            log.warning("ingest transaction failed (%d batches): %s", len(group), exc)
+            if len(group) > 1 and not _unreachable(exc):
+                # Something in one batch, not the database: store each batch on its own so
+                # the others are not refused (or retried forever) along with it.
+                log.warning(
+                    "ingest transaction failed (%d batches): %s; one by one", len(group), exc
+                )
+                for item in group:
+                    self._store_group([item])
+                return
+            self.stats["failed"] += len(group)
+            error: Exception
+            if _data_error(exc):
+                error = BatchRefused(_first_line(exc))
+                log.warning("ingest batch refused by the database: %s", _first_line(exc))
+            else:
+                error = DatabaseUnavailable(_first_line(exc))
+                log.warning(
+                    "ingest transaction failed (%d batches): %s",
+                    len(group),
+                    exc,
+                    exc_info=not _unreachable(exc),
+                )
             for item in group:
-                item.future.set_exception(exc)
+                item.future.set_exception(error)
             return
         self.stats["transactions"] += 1
         for item, result in zip(group, results, strict=True):
