@@ -58,7 +58,10 @@ class Actions:
         self._tx: Counter[str] = Counter()
 
     def committed(self) -> None:
-        self.stats.update(self._tx)
+        # A new object, swapped in at once: readers in other threads (status, /metrics)
+        # never see it change while they iterate.
+        if self._tx:
+            self.stats = self.stats + self._tx
         self._tx = Counter()
 
     def _count(self, key: str, n: int = 1) -> None:
