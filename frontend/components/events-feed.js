@@ -26,6 +26,7 @@ export function xidLabel(xid, catalog) {
   const entry = describeXid(catalog, xid);
   return [
     h("strong", { class: "xid", title: "NVIDIA XID error code" }, `XID ${xid}`),
+    entry ? " " : null,
     entry
       ? h(
           "span",
@@ -43,7 +44,7 @@ export function xidLabel(xid, catalog) {
 }
 
 /** The agent's default XID message ("Xid 79: <meaning>") says nothing the catalog did not. */
-function repeatsCatalog(message, xid, catalog) {
+export function repeatsCatalog(message, xid, catalog) {
   const meaning = describeXid(catalog, xid)?.meaning;
   return Boolean(meaning) && (message === meaning || message === `Xid ${xid}: ${meaning}`);
 }

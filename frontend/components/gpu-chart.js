@@ -48,7 +48,9 @@ export const GPU_CHARTS = {
     scales: {
       mib: {
         label: "used (GiB)",
-        range: (_u, _min, max) => [0, Math.max(max ?? 1024, 1024)],
+        range: (_u, _min, max) => [0, Math.max(max ?? 1024, 1024) * 1.05],
+        // Ticks on whole GiB (the readings are MiB).
+        incrs: [1, 2, 4, 8, 10, 16, 20, 32, 40, 64, 80, 160].map((g) => g * 1024),
         ticks: (v) => `${Math.round(v / 1024)}`,
       },
       pct: { label: "copy utilisation (%)", side: 1, range: [0, 100], ticks: (v) => `${v}%` },
@@ -156,6 +158,7 @@ export class GpuChart {
         label: scale.label,
         stroke: first?.colour,
         grid: { show: scale.side !== 1 },
+        incrs: scale.incrs,
         values: (_u, splits) => splits.map(scale.ticks ?? String),
       });
     }
@@ -242,6 +245,12 @@ export class GpuChart {
       this.#ys.reduce((n, ys) => n + ys.filter((v) => !missing(v)).length, 0),
     );
     this.#root.dataset.lastTs = this.#xs.length ? String(this.lastTs) : "";
+  }
+
+  /** Show the last `windowS` seconds (the caller reloads the history for it). */
+  setWindow(windowS) {
+    this.#windowS = windowS;
+    this.#redraw();
   }
 
   get pointCount() {

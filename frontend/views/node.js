@@ -7,7 +7,7 @@
 // `event` SSE events.
 import { apiGet, apiPost } from "../api.js";
 import { confirmDialog } from "../components/confirm-dialog.js";
-import { mountEventsFeed, xidLabel } from "../components/events-feed.js";
+import { mountEventsFeed, repeatsCatalog, xidLabel } from "../components/events-feed.js";
 import { GPU_CHARTS, GpuChart } from "../components/gpu-chart.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import {
@@ -23,7 +23,13 @@ import {
 } from "../lib/format.js";
 import { loadXidCatalog } from "../lib/xids.js";
 
-const WINDOW_S = 600; // the charts show the last 10 minutes
+const WINDOWS = [
+  [120, "2 min"],
+  [600, "10 min"],
+  [3600, "1 h"],
+  [21600, "6 h"],
+];
+const DEFAULT_WINDOW_S = 600;
 const HISTORY_POINTS = 300;
 const RANKS_EVERY_S = 10; // how often the hosted ranks are re-read
 const RECENT_JOB_S = 3600; // jobs seen within this window are searched for ranks
@@ -167,6 +173,13 @@ export function mount(root, ctx) {
   counterTable.hidden = true;
   const chartTitle = h("h2", { id: "chart-heading" }, "GPU charts");
   const chartMeta = h("p", { class: "chart-meta muted" });
+  let windowS = Number(ctx.query.get("window")) || DEFAULT_WINDOW_S;
+  if (!WINDOWS.some(([s]) => s === windowS)) windowS = DEFAULT_WINDOW_S;
+  const windowSelect = h(
+    "select",
+    { id: "chart-window" },
+    WINDOWS.map(([s, label]) => h("option", { value: String(s), selected: s === windowS }, `last ${label}`)),
+  );
   const chartStatus = h("div");
   const chartRoots = Object.fromEntries(
     CHARTS.map((key) => [
@@ -217,7 +230,13 @@ export function mount(root, ctx) {
     h(
       "section",
       { class: "panel", "aria-labelledby": "chart-heading" },
-      h("div", { class: "panel-head" }, chartTitle, chartMeta),
+      h(
+        "div",
+        { class: "panel-head" },
+        chartTitle,
+        chartMeta,
+        h("div", { class: "filters" }, h("label", { for: "chart-window" }, "Window"), windowSelect),
+      ),
       chartStatus,
       chartGrid,
     ),
@@ -251,10 +270,10 @@ export function mount(root, ctx) {
     CHARTS.map((key) => [
       key,
       new GpuChart(chartRoots[key], {
-        windowS: WINDOW_S,
+        windowS,
         height: 200,
         spec: GPU_CHARTS[key],
-        emptyText: "No samples from this GPU in the last 10 minutes.",
+        emptyText: "No samples from this GPU in this window.",
       }),
     ]),
   );
@@ -320,7 +339,7 @@ export function mount(root, ctx) {
       last === null
         ? h("span", { class: "last-sample", dataset: { ts: "" } }, "none")
         : h("span", { class: "last-sample", dataset: { ts: String(last) } }, timeEl(last)),
-      rows.get(selected) ? ` \u00b7 window ${WINDOW_S / 60} min` : null,
+      null,
     );
   }
 
@@ -359,11 +378,25 @@ export function mount(root, ctx) {
       el.dataset.uuid = uuid;
       el.dataset.simulated = String(Boolean(gpu.simulated));
     }
-    // Keep the selection in the address (without a hashchange) so a reload shows the same GPU.
-    const hash = `#/nodes/${encodeURIComponent(name)}?gpu=${encodeURIComponent(uuid)}`;
-    if (location.hash !== hash) history.replaceState(null, "", hash);
+    keepInAddress();
     loadHistory(uuid);
   }
+
+  // Keep the GPU and the window in the address (without a hashchange), so a reload shows
+  // the same charts.
+  function keepInAddress() {
+    const q = new URLSearchParams({ gpu: selected ?? "" });
+    if (windowS !== DEFAULT_WINDOW_S) q.set("window", String(windowS));
+    const hash = `#/nodes/${encodeURIComponent(name)}?${q}`;
+    if (location.hash !== hash) history.replaceState(null, "", hash);
+  }
+
+  windowSelect.addEventListener("change", () => {
+    windowS = Number(windowSelect.value);
+    for (const chart of chartList) chart.setWindow(windowS);
+    keepInAddress();
+    if (selected) loadHistory(selected);
+  });
 
   async function loadHistory(uuid) {
     const request = ++historyRequest;
@@ -376,7 +409,7 @@ export function mount(root, ctx) {
       const now = Date.now() / 1000;
       const answer = await apiGet(
         `gpus/${encodeURIComponent(uuid)}/samples`,
-        { since: Math.floor(now - WINDOW_S), points: HISTORY_POINTS },
+        { since: Math.floor(now - windowS), points: HISTORY_POINTS },
         { signal: ctx.signal },
       );
       if (request !== historyRequest) return;
@@ -438,8 +471,12 @@ export function mount(root, ctx) {
             { class: "mono", title: event.gpu_uuid ?? "" },
             indexOf.has(event.gpu_uuid) ? `GPU ${indexOf.get(event.gpu_uuid)}` : shortUuid(event.gpu_uuid) || "\u2014",
           ),
-          h("td", { class: "xid-cell" }, xidLabel(event.xid, catalog)),
-          h("td", { class: "wrap" }, event.message || ""),
+          h("td", { class: "xid-cell wrap" }, xidLabel(event.xid, catalog)),
+          h(
+            "td",
+            { class: "wrap" },
+            event.message && !repeatsCatalog(event.message, event.xid, catalog) ? event.message : "",
+          ),
         ),
       ),
     );

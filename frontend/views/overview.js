@@ -127,7 +127,9 @@ function incidentItem(incident) {
     " \u00b7 ",
     timeEl(incident.created_at),
     " \u00b7 ",
-    h("span", { class: "phase" }, reachedPhase(incident)),
+    incident.status === "pending"
+      ? h("a", { class: "phase pending", href: "#/incidents" }, "awaiting approval")
+      : h("span", { class: "phase" }, reachedPhase(incident)),
   );
 }
 
@@ -427,11 +429,18 @@ export function mount(root, ctx) {
 
   async function loadIncidents() {
     try {
-      const open = await apiGet("incidents", { status: "open", limit: 50 }, { signal: ctx.signal });
+      const [open, pending] = await Promise.all([
+        apiGet("incidents", { status: "open", limit: 50 }, { signal: ctx.signal }),
+        apiGet("incidents", { status: "pending", limit: 50 }, { signal: ctx.signal }).catch((error) => {
+          if (error.name === "AbortError") throw error;
+          return []; // a server without the engine knows no "pending" status
+        }),
+      ]);
+      const active = [...pending, ...open];
       replace(
         incidentsRoot,
-        open.length
-          ? h("ul", { class: "incident-list" }, open.map(incidentItem))
+        active.length
+          ? h("ul", { class: "incident-list" }, active.map(incidentItem))
           : emptyState("No open incidents."),
       );
     } catch (error) {

@@ -89,6 +89,7 @@ class Cluster:
     data_dir: Path
     procs: list[Proc] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
+    server_env: dict[str, str] = field(default_factory=dict)
 
     def api(self, path: str, body: Any = None) -> Any:
         """GET (or POST when body is given) /api/v1/<path> with the admin token."""
@@ -133,7 +134,11 @@ class Cluster:
         server = self.start(
             "server",
             ["server", "--host", "127.0.0.1", "--port", port, "--log-level", "warning"],
-            {"TRAINGUARD_ADMIN_TOKEN": self.token, "TRAINGUARD_DATA_DIR": str(self.data_dir)},
+            {
+                "TRAINGUARD_ADMIN_TOKEN": self.token,
+                "TRAINGUARD_DATA_DIR": str(self.data_dir),
+                **self.server_env,
+            },
         )
         self.wait(lambda: self._ready(server), "the server never became ready")
         return server
@@ -181,9 +186,11 @@ class Cluster:
             proc.stop()
 
 
-def start_server(data_dir: Path) -> Cluster:
+def start_server(data_dir: Path, env: dict[str, str] | None = None) -> Cluster:
     port = free_port()
-    cluster = Cluster(f"http://127.0.0.1:{port}", secrets.token_urlsafe(24), data_dir)
+    cluster = Cluster(
+        f"http://127.0.0.1:{port}", secrets.token_urlsafe(24), data_dir, server_env=env or {}
+    )
     try:
         cluster.start_server()
     except BaseException:

@@ -204,7 +204,23 @@ def test_an_empty_cluster_says_no_nodes_have_reported(
     screenshot(page, "node-unknown")
     page.goto(empty_server.url + "/#/")
     expect(page.get_by_text("No nodes have reported yet.")).to_be_visible()
+    expect(page.get_by_text("No job has reported yet.")).to_be_visible()
+    expect(page.get_by_text("No open incidents.")).to_be_visible()
     screenshot(page, "overview-empty")
+    # Every view says honestly that there is nothing (yet), from a plain load.
+    page.get_by_role("link", name="Jobs", exact=True).click()
+    expect(page.get_by_text("No job has reported yet.")).to_be_visible()
+    expect(page.locator('#nav a[href="#/jobs"]')).to_have_attribute("aria-current", "page")
+    page.goto(empty_server.url + "/#/jobs/never-ran")
+    expect(page.locator(".facts")).to_contain_text('Job "never-ran" has not reported')
+    expect(page.get_by_role("button", name="Restart…")).to_be_disabled()
+    page.goto(empty_server.url + "/#/incidents")
+    expect(page.get_by_text("No incidents yet.")).to_be_visible()
+    expect(page.get_by_text("No recommendation is waiting.")).to_be_visible()
+    page.goto(empty_server.url + "/#/incidents/999")
+    expect(page.get_by_text("There is no incident #999.")).to_be_visible()
+    page.goto(empty_server.url + "/#/no/such/page")
+    expect(page.get_by_role("heading", name="Page not found")).to_be_visible()
 
 
 def test_the_connection_indicator_shows_a_dropped_stream_and_its_return(

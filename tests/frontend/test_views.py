@@ -6,16 +6,25 @@ incident timeline fills in as the (test's) agent acks each phase, and cordon."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.frontend.conftest import JOB, JOB_NODES, SIM_NODE, SLOW_RANK, Cluster, JobFeed
-from tests.frontend.seed import xid_batch
+from tests.frontend.conftest import (
+    JOB,
+    JOB_NODES,
+    SIM_NODE,
+    SLOW_RANK,
+    Cluster,
+    JobFeed,
+    start_server,
+)
+from tests.frontend.seed import JobSeed, xid_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -83,6 +92,19 @@ def test_the_node_page_charts_memory_power_and_clocks_and_lists_its_counters(
         re.compile(r"^\d+$")
     )
     expect(page.get_by_role("button", name="Cordon…")).to_be_visible()
+    # A shorter window reloads the history and stays in the address for a reload.
+    page.get_by_label("Window").select_option("120")
+    expect(page).to_have_url(re.compile(r"window=120"))
+    page.reload()
+    expect(page.get_by_label("Window")).to_have_value("120")
+    expect(page.locator("#gpu-chart-power")).to_have_attribute(
+        "data-value-points", re.compile(r"^[1-9]\d*$")
+    )
+    # For the screenshot: some 20 s of samples (the agent samples every 0.5 s).
+    page.wait_for_function(
+        "() => Number(document.querySelector('#gpu-chart').dataset.points) >= 40",
+        timeout=30_000,
+    )
     screenshot(page, "node")
 
 
@@ -140,8 +162,9 @@ def test_the_job_page_draws_the_step_heatmap_charts_and_goodput(
     expect(facts.locator('[data-field="iteration"]')).to_have_text("0")
     # Stragglers, goodput and advice: the analytics' answers, or an honest "not available".
     stragglers = page.locator(f'.stragglers-table tr[data-rank="{SLOW_RANK}"]')
-    expect(stragglers.or_(page.locator("#stragglers-heading ~ * .unavailable"))).to_be_visible()
-    goodput = page.locator(".goodput-big").or_(page.locator("#goodput-heading ~ * .unavailable"))
+    unavailable = "section[aria-labelledby='{}'] .unavailable".format
+    expect(stragglers.or_(page.locator(unavailable("stragglers-heading")))).to_be_visible()
+    goodput = page.locator(".goodput-big").or_(page.locator(unavailable("goodput-heading")))
     expect(goodput.first).to_be_visible()
     expect(page.locator(".advice-text").or_(page.locator(".unavailable")).first).to_be_visible()
     # A plain reload draws the same view.
@@ -234,3 +257,71 @@ def test_cordon_and_uncordon_need_a_confirmed_reason(signed_in: Page, cluster: C
     expect(dialog).to_have_count(0)
     assert cluster.node(node)["cordoned"] is False
     expect(page.get_by_role("button", name="Cordon…")).to_be_visible()
+
+
+@pytest.fixture
+def dry_run_server(tmp_path: Path, page: Page) -> Iterator[Cluster]:
+    """A server whose decision engine only recommends (policy mode dry_run)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('mode = "dry_run"\n')
+    cluster = start_server(tmp_path, {"TRAINGUARD_POLICY_FILE": str(policy)})
+    yield cluster
+    page.goto("about:blank")  # an open live stream holds up the server's graceful exit
+    cluster.stop()
+
+
+def test_a_dry_run_recommendation_waits_for_an_operator_who_approves_it(
+    page: Page, dry_run_server: Cluster, screenshot: Screenshot
+) -> None:
+    cluster = dry_run_server
+    feed = JobFeed(cluster, JobSeed(JOB, JOB_NODES, ranks_per_node=4, steps=30), step=30)
+    feed.start()
+    try:
+        cluster.wait(lambda: cluster.api(f"jobs/{JOB}")["world_size"] == 8, "no job")
+        now = time.time()
+        cluster.api(
+            "ingest",
+            {
+                "node": JOB_NODES[0],
+                "agent_id": "exception-test-1",
+                "seq": 1,
+                "sent_at": now,
+                "simulated": True,
+                "events": [
+                    {
+                        "kind": "exception",
+                        "ts": now,
+                        "job": JOB,
+                        "rank": 1,
+                        "message": "RuntimeError: loss is NaN",
+                    }
+                ],
+            },
+        )
+        page.add_init_script(
+            f"sessionStorage.setItem('trainguard.token', {json.dumps(cluster.token)})"
+        )
+        page.goto(cluster.url + "/#/incidents")
+        item = page.locator(".pending-item").first
+        expect(item).to_contain_text("recommends in_process")
+        expect(page.locator(".engine-line")).to_contain_text("mode dry_run")
+        screenshot(page, "incidents-pending")
+        incident_id = int(item.get_attribute("data-incident") or 0)
+
+        item.get_by_role("button", name="Approve…").click()
+        dialog = page.get_by_role("dialog")
+        expect(dialog.get_by_label("Reason (audited)")).to_be_focused()
+        page.keyboard.type("NaN loss, restart in place")
+        dialog.get_by_role("button", name="Approve").click()
+        expect(dialog).to_have_count(0)
+        expect(page.locator(".pending-item")).to_have_count(0)
+        answer = cluster.api(f"incidents/{incident_id}")
+        assert answer["status"] in ("open", "resolved")
+        assert any(d.get("mode") == "approved" for d in answer["decisions"])
+
+        page.goto(f"{cluster.url}/#/incidents/{incident_id}")
+        expect(page.locator(".decisions")).to_contain_text("NaN loss, restart in place")
+        evidence = page.locator("section[aria-labelledby='evidence-heading'] li.event")
+        expect(evidence.first).to_contain_text("exception")
+    finally:
+        feed.stop()
