@@ -119,6 +119,7 @@ class Injector:
         self.local_rank = local_rank
         self.slow_until = -1
         self.slow_factor = 1.0
+        self.slow_base_s = 0.0  # the rank's step time when the slow fault fired
         self.last_step_s = 0.0
         self.fired: list[Fault] = []
 
@@ -135,10 +136,12 @@ class Injector:
         return True
 
     def before_step(self, step: int, rank: int, step_s: float | None = None) -> None:
-        if step_s:
+        slowed = step <= self.slow_until
+        if step_s and not slowed:  # a slowed step's time includes the injected delay
             self.last_step_s = step_s
-        if step <= self.slow_until and self.last_step_s > 0:
-            time.sleep((self.slow_factor - 1.0) * self.last_step_s)
+        if slowed and self.slow_base_s > 0:
+            # capped well below the gloo timeout: a straggler, not a hang
+            time.sleep(min((self.slow_factor - 1.0) * self.slow_base_s, 1.0))
         for fault in self.faults:
             if fault.step == step and fault.rank == rank and self._claim(fault):
                 self.fired.append(fault)
@@ -162,6 +165,8 @@ class Injector:
         elif fault.kind == "slow":
             self.slow_until = step + fault.slow_steps
             self.slow_factor = fault.slow_factor
+            self.slow_base_s = self.last_step_s or 0.05
+            time.sleep(min((self.slow_factor - 1.0) * self.slow_base_s, 1.0))
         elif fault.kind == "xid" and self.session is not None:
             with contextlib.suppress(Exception):
                 self.session.inject_xid(

@@ -43,3 +43,14 @@ def test_a_fault_fires_once_per_run(tmp_path) -> None:  # type: ignore[no-untype
         inj.before_step(3, 1)
     # a replay of the step (restart from a checkpoint), even in a new process, does not fire
     faults.Injector(plan, tmp_path).before_step(3, 1)
+
+
+def test_a_slow_rank_is_slowed_by_its_own_pace_not_compounded(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    slept: list[float] = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    plan = [faults.Fault(index=0, step=5, rank=1, kind="slow", slow_factor=3.0, slow_steps=3)]
+    inj = faults.Injector(plan, tmp_path)
+    inj.before_step(4, 1, step_s=0.1)
+    for step in range(5, 12):  # step_s is the previous step: slowed ones measure 0.3 s
+        inj.before_step(step, 1, step_s=0.3 if 6 <= step <= 9 else 0.1)
+    assert slept == pytest.approx([0.2] * 4)
