@@ -211,6 +211,30 @@ def bench_stragglers(
     )
 
 
+@bench_app.command("decision")
+def bench_decision(
+    events: Annotated[int, typer.Option(min=1, help="evidence events to time")] = 200,
+    interval: Annotated[float, typer.Option(min=0, help="seconds between events")] = 0.1,
+    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
+    data_dir: Annotated[Path, typer.Option()] = Path("data/bench-decision"),
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8313,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """Evidence arrival -> decision -> command acked by a real agent, p50/p99."""
+    from backend.bench.decision import run
+
+    _print_report(
+        run(
+            events=events,
+            interval=interval,
+            database_url=database_url,
+            data_dir=data_dir,
+            port=port,
+            out_json=json_out,
+        )
+    )
+
+
 @bench_app.command("agent")
 def bench_agent(
     duration: Annotated[float, typer.Option(min=5, help="seconds measured")] = 60,

@@ -171,11 +171,15 @@ class IngestWriter:
             group = [first]
             rows = len(first.batch.samples)
             deadline = time.monotonic() + self.max_delay_s
+            # Evidence (XIDs, rank exits, ...) is what the decision engine waits for:
+            # a group holding events is stored at once, never held back for company.
+            urgent = bool(first.batch.events)
             # Take everything already queued; wait a little for more only while the
             # group is small, so a lone batch is not delayed for long.
             while rows < self.max_rows:
                 try:
-                    timeout = max(0.0, deadline - time.monotonic()) if len(group) < 4 else 0
+                    wait = len(group) < 4 and not urgent
+                    timeout = max(0.0, deadline - time.monotonic()) if wait else 0
                     item = self._q.get(timeout=timeout) if timeout else self._q.get_nowait()
                 except queue.Empty:
                     break
@@ -184,6 +188,7 @@ class IngestWriter:
                     break
                 group.append(item)
                 rows += len(item.batch.samples)
+                urgent = urgent or bool(item.batch.events)
             self._store_group(group)
 
     def _store_group(self, group: list[_Item]) -> None:
