@@ -246,8 +246,12 @@ def test_one_bad_batch_does_not_fail_the_batches_stored_with_it(client: Any, db_
     with it: they are stored, it alone is refused."""
     writer = client.app.state.writer
     now = time.time()
-    good = [wire.decode_batch(msgspec.json.encode(body(agent_id=f"agent00000{i}"))) for i in (1, 2)]
-    bad = wire.decode_batch(msgspec.json.encode(body(agent_id="agent000003", seq=2**63 + 5)))
+
+    def decoded(**kw: Any) -> wire.Batch:  # no events: the writer waits for company
+        return wire.decode_batch(msgspec.json.encode(body(events=[], **kw)))
+
+    good = [decoded(agent_id=f"agent00000{i}") for i in (1, 2)]
+    bad = decoded(agent_id="agent000003", seq=2**63 + 5)
     futures = [writer.submit(b, now) for b in (good[0], bad, good[1])]
     ok0, refused, ok1 = (f.exception(timeout=30) for f in futures)
     assert ok0 is None and ok1 is None
