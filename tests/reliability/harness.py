@@ -26,6 +26,7 @@ from backend.tokens import service as tokens
 from tests.support import TOKEN, free_port, wait_for
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Procs:
@@ -36,10 +37,14 @@ class Procs:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, name: str, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """`trainguard <args>` as a process."""
+        return self.spawn(name, [sys.executable, "-m", "agent.cli", *args], env)
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with (self.tmp / f"{name}.log").open("ab") as log:
             p = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", *args],
-                env={**os.environ, "TRAINGUARD_ADMIN_TOKEN": TOKEN, **env},
+                argv,
+                env={**os.environ, "TRAINGUARD_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(ROOT), **env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

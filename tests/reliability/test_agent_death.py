@@ -1,0 +1,95 @@
+"""An agent SIGKILLed: its node goes "down" after TRAINGUARD_NODE_DOWN_AFTER_S of silence
+(here 2 s) while a healthy neighbour stays healthy; the engine acts per policy where the
+node hosted a job's ranks (node_down -> exclude_node: an incident, the node cordoned);
+an agent started again under the same node name brings the node back, once, with the same
+GPUs, and nothing it had stored is doubled."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend import db
+from tests.reliability.harness import Agent, Backend, Ledger, Procs, agent_tokens
+from tests.support import free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+DOWN_AFTER_S = 2.0
+RANK = """
+import sys, time
+from agent import sdk
+tg = sdk.attach(job="deadjob", rank=0, world_size=1, socket_path=sys.argv[1],
+                heartbeat_interval=0.2)
+step = 0
+while True:
+    with tg.step(step):
+        time.sleep(0.05)
+    step += 1
+"""
+
+
+def test_a_dead_agent_marks_its_node_down_and_a_new_one_brings_it_back(
+    procs: Procs, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    url = f"sqlite:///{data / 'trainguard.db'}"
+    db.upgrade(url)
+    nodes = ["mortal", "steady", "worker"]
+    tokens = agent_tokens(url, nodes)
+    port = free_port()
+    backend = Backend(
+        procs,
+        port,
+        {"TRAINGUARD_DATA_DIR": str(data), "TRAINGUARD_NODE_DOWN_AFTER_S": str(DOWN_AFTER_S)},
+    ).start()
+    api = backend.api()
+    mortal, steady, worker = (Agent(procs, n, tokens[n], port, interval=0.2) for n in nodes)
+    for a in (mortal, steady, worker):
+        a.start()
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    procs.spawn("rank", [sys.executable, str(script), str(tmp_path / "worker.sock")], {})
+
+    def status() -> dict[str, str]:
+        return {n["name"]: n["status"] for n in api.get("/nodes").json()}
+
+    wait_for(lambda: status() == dict.fromkeys(nodes, "healthy"), 60)
+    wait_for(lambda: api.get("/jobs/deadjob").json().get("ranks"), 60)
+
+    # Dies without a word: no flush, no goodbye.
+    assert mortal.proc is not None and worker.proc is not None
+    Procs.kill(mortal.proc)
+    Procs.kill(worker.proc)
+    wait_for(lambda: status()["mortal"] == "down", DOWN_AFTER_S + 30)
+    assert status()["steady"] == "healthy"
+    node = api.get("/nodes/mortal").json()
+    assert node["status"] == "down" and node["gpu_count"] == 2
+
+    # The engine: the silent node hosted a live rank of deadjob -> exclude_node.
+    def node_down_incident() -> list[dict[str, object]]:
+        incs = api.get("/incidents", params={"job": "deadjob"}).json()
+        return [i for i in incs if i.get("cause") == "node_down"]
+
+    [inc] = wait_for(node_down_incident, 30)
+    assert inc["level"] == "exclude_node", inc
+    wait_for(lambda: status()["worker"] == "cordoned", 30)
+    assert not [i for i in api.get("/incidents").json() if i.get("job") != "deadjob"]
+
+    # Back under the same name: one node, the same two GPUs, healthy again.
+    mortal.start()
+    wait_for(lambda: status()["mortal"] == "healthy", 30)
+    names = [n["name"] for n in api.get("/nodes").json()]
+    assert sorted(names) == sorted(nodes)
+    gpus = api.get("/nodes/mortal/gpus").json()
+    assert [g["index"] for g in gpus] == [0, 1]
+    wait_for(lambda: mortal.spooled() == 0, 30)
+    assert mortal.stop() == 0 and steady.stop() == 0
+
+    ledger = Ledger.read(url)
+    ledger.assert_exactly_once([mortal, steady], max_tick_gap_s=30.0)
+    starts = api.get("/events", params={"node": "mortal", "kind": "agent_start"}).json()
+    assert len(starts) == 2 and len({e["data"]["agent_id"] for e in starts}) == 2
