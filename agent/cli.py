@@ -57,11 +57,18 @@ def server(
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
     log_level: Annotated[str, typer.Option()] = "info",
+    log_format: Annotated[
+        str, typer.Option(envvar="TRAINGUARD_LOG_FORMAT", help="text | json (one object a line)")
+    ] = "text",
 ) -> None:
     """Run the backend (API, ingest, live stream, dashboard at /)."""
     import uvicorn
 
     from backend.app import create_app
+    from backend.logs import uvicorn_log_config
+
+    if log_format not in ("text", "json"):
+        fail(f"--log-format must be text or json, not {log_format!r}")
 
     settings = _settings(database_url=database_url, data_dir=data_dir)
     if not settings.admin_token and not settings.demo and not _has_tokens(settings.url):
@@ -75,19 +82,28 @@ def server(
         host=host,
         port=port,
         log_level=log_level,
+        log_config=uvicorn_log_config(log_format, log_level),  # type: ignore[arg-type]
         timeout_graceful_shutdown=3,
     )
 
 
 @app.command()
 def agent(
-    server: Annotated[str, typer.Option(envvar="TRAINGUARD_AGENT_SERVER", help="backend URL")],
-    token: Annotated[str, typer.Option(envvar="TRAINGUARD_AGENT_TOKEN", help="agent token")],
+    server: Annotated[
+        str | None, typer.Option(envvar="TRAINGUARD_AGENT_SERVER", help="backend URL")
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar="TRAINGUARD_AGENT_TOKEN", help="agent token")
+    ] = None,
     node: Annotated[str | None, typer.Option(help="node name (default: hostname)")] = None,
     simulate: Annotated[
         int | None, typer.Option(min=1, max=64, help="N simulated GPUs instead of NVML")
     ] = None,
     interval: Annotated[float | None, typer.Option(help="sampling period in seconds")] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, help="serve Prometheus metrics on this port (9401)"),
+    ] = None,
 ) -> None:
     """Run the node agent: GPU health, XIDs, rank heartbeats and steps -> backend."""
     from pydantic import ValidationError
@@ -101,12 +117,15 @@ def agent(
         "node": node,
         "simulate": simulate,
         "interval": interval,
+        "metrics_port": metrics_port,
     }
     try:
         cfg = AgentConfig(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
         err = exc.errors()[0]
         fail(f"bad agent setting {'.'.join(str(p) for p in err['loc'])}: {err['msg']}")
+    if not cfg.token:
+        fail("no agent token: --token, TRAINGUARD_AGENT_TOKEN or `token` in the config file")
     raise typer.Exit(agent_main(cfg, setup=_add_local_components))
 
 
@@ -122,6 +141,11 @@ def _add_local_components(agent_obj) -> None:  # type: ignore[no-untyped-def]
         from agent.storehost import StoreHost
 
         agent_obj.add_component(StoreHost(agent_obj.config.store_port, agent_obj.config.store_host))
+    if agent_obj.config.metrics_port is not None:
+        from agent.metrics import AgentExporter
+
+        cfg = agent_obj.config
+        agent_obj.add_component(AgentExporter(agent_obj, cfg.metrics_port, cfg.metrics_host))
 
 
 @app.command()

@@ -6,13 +6,19 @@ interval spins a core, a node name the wire refuses gets every batch rejected).
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from agent.wire import MAX_GPUS
 
@@ -56,6 +62,23 @@ class AgentConfig(BaseSettings):
     # outlives every rank and a rank 0 fault is survivable (docs/restarts.md).
     store_port: int | None = Field(default=None, gt=0, lt=32768)
     store_host: str = "0.0.0.0"
+    # Prometheus exporter (agent/metrics.py): dcgm-exporter-compatible GPU metrics.
+    metrics_port: int | None = Field(default=None, ge=0, lt=65536)
+    metrics_host: str = "0.0.0.0"
+
+    @classmethod
+    def settings_customise_sources(  # type: ignore[override]
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then TRAINGUARD_AGENT_* variables, then the config file
+        (TRAINGUARD_AGENT_CONFIG, default /etc/trainguard/agent.toml; absent is fine)."""
+        path = os.environ.get("TRAINGUARD_AGENT_CONFIG", "/etc/trainguard/agent.toml")
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, path))
 
     @field_validator("server")
     @classmethod

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
 
 from backend import db, errors, metrics
+from backend.alerts.dispatcher import AlertDispatcher
 from backend.analytics import monitor as analytics
 from backend.analytics.router import router as analytics_router
 from backend.auth import TokenCache, ViewerDep
@@ -88,6 +89,7 @@ def create_app(settings: Settings) -> FastAPI:
         on_stored=lambda stored: _after_store(stored),
     )
     notifier = Notifier()
+    alerts = AlertDispatcher.from_settings(settings)
     retention = Retention(
         engine,
         RetentionPolicy(
@@ -148,6 +150,7 @@ def create_app(settings: Settings) -> FastAPI:
         writer.start()
         if decision_engine is not None:
             decision_engine.start()
+        alerts.start()
         ticker = asyncio.create_task(nodes_ticker())
         pruner = asyncio.create_task(prune_periodically())
         analytics_task = asyncio.create_task(
@@ -162,6 +165,7 @@ def create_app(settings: Settings) -> FastAPI:
             if decision_engine is not None:
                 await asyncio.to_thread(decision_engine.stop)  # releases the lock
             await asyncio.to_thread(writer.stop)  # drain in-flight ingest
+            await asyncio.to_thread(alerts.stop, 5.0)
             if isinstance(bus, PgNotifyBus):
                 await asyncio.to_thread(bus.stop)
             engine.dispose()
@@ -180,6 +184,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.token_cache = TokenCache()
     app.state.commands_notifier = notifier
     app.state.decision_engine = decision_engine
+    app.state.alerts = alerts
+    if decision_engine is not None:
+        decision_engine.alerts = alerts
     app.state.nodes_snapshot = nodes_snapshot
     app.state.analytics = analytics_monitor
     app.state.straggler_config = analytics_monitor.cfg

@@ -68,10 +68,23 @@ class Settings(BaseSettings):
         default=None,
         description="decision policy (TOML), merged over backend/policy/default.toml",
     )
+    alerts_file: Path | None = Field(default=None, description="alert webhooks (TOML)")
+    # Where operators reach the dashboard; alert messages link to incidents under it.
+    public_url: str | None = None
     frontend_dir: Path = Field(
         default=Path(__file__).resolve().parent.parent / "frontend",
         description="static UI folder served at /",
     )
+
+    @field_validator("alerts_file", mode="before")
+    @classmethod
+    def _alerts_load(cls, v: object) -> object:
+        from backend.alerts.config import load_webhooks
+
+        if v is None or v == "":
+            return None
+        load_webhooks(str(v))  # AlertsConfigError (a ValueError) names the webhook and key
+        return v
 
     @field_validator("admin_token")
     @classmethod

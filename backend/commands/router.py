@@ -13,6 +13,7 @@ from agent import wire
 from backend.auth import AgentDep, ViewerDep, check_node
 from backend.commands import service
 from backend.db import SessionDep
+from backend.models import Command, Incident
 
 router = APIRouter()
 
@@ -73,14 +74,24 @@ async def ack_command(
         raise HTTPException(400, f"malformed JSON: {exc}") from None
     check_node(principal, ack.node)
 
-    def store() -> bool:
-        with request.app.state.sessions() as session, session.begin():
-            return service.record_ack(session, command_id, ack)
+    def store() -> tuple[bool, str | None, dict[str, Any] | None]:
+        with request.app.state.sessions() as session:
+            with session.begin():
+                cmd = session.get(Command, command_id)
+                inc = session.get(Incident, cmd.incident_id) if cmd and cmd.incident_id else None
+                before = inc.status if inc else None
+                fresh = service.record_ack(session, command_id, ack)
+            after = service.incident_dict(session, inc) if inc is not None else None
+            return fresh, before, after
 
-    fresh = await run_in_threadpool(store)
+    fresh, before, incident = await run_in_threadpool(store)
     request.app.state.bus.publish(
         "events", "command", {"command_id": command_id, "phase": ack.phase, "node": ack.node}
     )
+    alerts = getattr(request.app.state, "alerts", None)
+    if alerts is not None and incident is not None and incident["status"] != before:
+        # resolved / failed happen here, on whichever replica took the ack.
+        alerts.incident_changed(before, incident)
     return {"ok": True, "duplicate": not fresh}
 
 

@@ -69,6 +69,11 @@ class DecisionEngine:
         self.sweep_s = sweep_s
         self.notifier = notifier
         self.bus = bus
+        # Alert webhooks (backend/alerts), set by the app; per incident the last status
+        # and escalation count alerted, so each change is announced once.
+        self.alerts: Any = None
+        self._alerted: dict[int, tuple[str, int]] = {}
+        self.started_at = time.time()
         self.clock = clock
         self.batch = batch
         self.decider = Decider(policy, fresh_within_s, clock)
@@ -353,11 +358,28 @@ class DecisionEngine:
     # --- outputs --------------------------------------------------------------------------
 
     def _publish(self, incident_ids: set[int]) -> None:
-        if self.bus is None or not self.bus.wants("incidents"):
+        """Live bus and alert webhooks for the incidents a transaction touched."""
+        wants_bus = self.bus is not None and self.bus.wants("incidents")
+        if not wants_bus and self.alerts is None:
             return
         with contextlib.suppress(Exception), self.sessions() as s:
             for iid in sorted(incident_ids):
-                self.bus.publish("incidents", "incident", incident_dict(s, get_incident(s, iid)))
+                inc = incident_dict(s, get_incident(s, iid))
+                if wants_bus:
+                    self.bus.publish("incidents", "incident", inc)
+                if self.alerts is not None:
+                    self._alert(inc)
+
+    def _alert(self, inc: dict[str, Any]) -> None:
+        seen = self._alerted.get(inc["id"])
+        if seen is None and inc["created_at"] < self.started_at:
+            # Opened before this replica led (a takeover): only changes from now on.
+            seen = (inc["status"], inc.get("escalations") or 0)
+        before, escalations = seen if seen else (None, 0)
+        self.alerts.incident_changed(
+            before, inc, escalated=(inc.get("escalations") or 0) > escalations
+        )
+        self._alerted[inc["id"]] = (inc["status"], inc.get("escalations") or 0)
 
     def status(self) -> dict[str, Any]:
         with self._stats_lock:

@@ -15,9 +15,9 @@ from backend.models.control import TIMELINE, AuditLog, Command, CommandAck, Inci
 from backend.models.jobs import Job, Rank, Step
 
 __all__ = [
-    "ApiToken",
     "SAMPLE_READINGS",
     "TIMELINE",
+    "ApiToken",
     "AuditLog",
     "Base",
     "Command",
