@@ -71,6 +71,9 @@ export class StepHeatmap {
     this.#data = data;
     this.#flagged = flagged;
     this.#bitmap = null;
+    let cells = 0;
+    for (const v of data.values) if (!Number.isNaN(v)) cells++;
+    this.#root.dataset.cells = String(cells); // (rank, step) cells with a report
     this.#updateDomain();
     this.draw();
   }
@@ -149,7 +152,6 @@ export class StepHeatmap {
     const rowsPerPx = Math.max(1, Math.ceil(nr / plotH));
     const imgRows = Math.ceil(nr / rowsPerPx);
     const image = new ImageData(nc, imgRows);
-    let drawn = 0;
     for (let r = 0; r < imgRows; r++) {
       for (let c = 0; c < nc; c++) {
         let v = Number.NaN;
@@ -157,7 +159,6 @@ export class StepHeatmap {
           const x = this.#value(k, c);
           if (!Number.isNaN(x) && (Number.isNaN(v) || x > v)) v = x;
         }
-        if (!Number.isNaN(v)) drawn++;
         const [R, G, B] = this.#colour(v);
         const o = (r * nc + c) * 4;
         image.data[o] = R;
@@ -166,7 +167,7 @@ export class StepHeatmap {
         image.data[o + 3] = 255;
       }
     }
-    this.#root.dataset.cells = String(drawn);
+    this.#root.dataset.pixelRows = String(imgRows); // fewer than ranks: rows share a pixel
     const bitmap = document.createElement("canvas");
     bitmap.width = nc;
     bitmap.height = imgRows;

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from tests.frontend.conftest import CHROMIUM, SCREENSHOTS, Cluster  # noqa: E402
-from tests.frontend.seed import cluster_batches, xid_batch  # noqa: E402
+from tests.frontend.seed import JobSeed, cluster_batches, xid_batch  # noqa: E402
 from tests.support import free_port  # noqa: E402
 
 
@@ -74,6 +74,57 @@ def seed(cluster: Cluster, nodes: int, gpus: int) -> float:
     for n in range(50, nodes, 200):
         cluster.api(f"nodes/gpu-node-{n:04d}/cordon", {"reason": "benchmark"})
     return time.perf_counter() - t0
+
+
+BENCH_JOB = "bench-job"
+
+
+def seed_job(cluster: Cluster, ranks: int, steps: int) -> float:
+    """A job of `ranks` ranks (8 per node, on the first nodes) with `steps` steps each."""
+    nodes = [f"gpu-node-{n:04d}" for n in range(max(1, ranks // 8))]
+    job = JobSeed(BENCH_JOB, nodes, ranks_per_node=8, steps=steps, slow_rank=ranks // 3)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda b: cluster.api("ingest", b), job.batches(time.time())))
+    return time.perf_counter() - t0
+
+
+def job_page(cluster: Cluster, ranks: int, loads: int) -> dict[str, Any]:
+    """Open the job page: time to the first frame with the heatmap drawn, and the time
+    the page spent building and drawing the matrix (heatmap + line chart)."""
+    marks, draws, cells = [], [], 0
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        for i in range(loads):
+            context = browser.new_context(viewport={"width": 1440, "height": 900})
+            page = context.new_page()
+            page.add_init_script(
+                f"sessionStorage.setItem('trainguard.token', {json.dumps(cluster.token)})"
+            )
+            page.goto(f"{cluster.url}/#/jobs/{BENCH_JOB}")
+            page.wait_for_function(
+                "() => performance.getEntriesByName('trainguard:job-steps').length > 0",
+                timeout=120_000,
+            )
+            heatmap = page.locator("#step-heatmap")
+            assert heatmap.get_attribute("data-ranks") == str(ranks)
+            cells = int(heatmap.get_attribute("data-cells") or 0)
+            marks.append(
+                page.evaluate("performance.getEntriesByName('trainguard:job-steps')[0].startTime")
+            )
+            draws.append(float(heatmap.get_attribute("data-draw-ms") or 0))
+            if i == loads - 1:
+                page.screenshot(path=str(SCREENSHOTS / f"job-{ranks}-ranks.png"), full_page=True)
+            context.close()
+        browser.close()
+    return {
+        "ranks": ranks,
+        "cells_drawn": cells,
+        "first_heatmap_ms": [round(m) for m in marks],
+        "first_heatmap_median_ms": round(statistics.median(marks)),
+        "build_and_draw_ms": draws,
+        "build_and_draw_median_ms": round(statistics.median(draws), 1),
+    }
 
 
 def latency(cluster: Cluster, path: str, n: int) -> dict[str, float]:
@@ -155,6 +206,10 @@ def main() -> None:
     parser.add_argument(
         "--no-engine", action="store_true", help="run the server without the decision engine"
     )
+    parser.add_argument(
+        "--job-ranks", type=int, default=1024, help="ranks of the job page's job (0: none)"
+    )
+    parser.add_argument("--job-steps", type=int, default=90, help="steps of each rank")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tg-bench-ui-") as tmp:
         cluster = start(Path(tmp), engine=not args.no_engine)
@@ -165,6 +220,19 @@ def main() -> None:
                 for path in ["nodes", "jobs", "incidents?status=open&limit=50", "events?limit=50"]
             }
             ui = first_render(cluster, args.nodes, args.loads)
+            job = None
+            if args.job_ranks:
+                job_seed_s = seed_job(cluster, args.job_ranks, args.job_steps)
+                n = max(5, args.requests // 20)
+                job_api = {
+                    path: latency(cluster, f"jobs/{BENCH_JOB}/{path}", n)
+                    for path in ["steps?limit=100000", "stragglers", "goodput?window=24h", "advice"]
+                }
+                job = {
+                    "seed_s": round(job_seed_s, 1),
+                    "api": job_api,
+                    **job_page(cluster, args.job_ranks, args.loads),
+                }
         finally:
             cluster.stop()
     print(
@@ -177,6 +245,7 @@ def main() -> None:
                 "seed_s": round(seeded_s, 1),
                 "api": api,
                 "ui": ui,
+                "job_page": job,
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
                 f"Python {platform.python_version()}",
             },
