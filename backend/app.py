@@ -70,6 +70,13 @@ def _publish_stored(bus: LiveBus, stored: Stored) -> None:
         topic = f"node:{batch.node}"
         if batch.samples and bus.wants(topic):
             bus.publish(topic, "samples", {"node": batch.node, "samples": batch.samples})
+        # The job page's live steps: `steps` events on `job:<name>`.
+        by_job: dict[str, list[Any]] = {}
+        for st in batch.steps:
+            by_job.setdefault(st.job, []).append(st)
+        for job, steps in by_job.items():
+            if bus.wants(f"job:{job}"):
+                bus.publish(f"job:{job}", "steps", {"job": job, "node": batch.node, "steps": steps})
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -42,7 +42,7 @@ def test_node_health_follows_last_seen_and_xids(make_client: Any) -> None:
 
 
 def test_samples_are_downsampled_and_gaps_are_null(client: Any) -> None:
-    t0 = 1_700_000_000.0
+    t0 = time.time() // 100 * 100 - 3600  # within the ingest window (7 days)
     # 100 s of 1 Hz data, then a 100 s hole, then 100 s more.
     samples = [
         wire.GpuSample(uuid="GPU-n1-0", ts=t0 + i, util=float(i % 100), temp_c=60.0)
