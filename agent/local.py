@@ -213,7 +213,10 @@ class LocalServer:
         if rec is None:
             self.unknown_messages += 1
             return
-        if kind == "step":
+        if kind == "steps":
+            for n, a, b in msg["v"]:
+                self._step(rec, int(n), float(a), float(b))
+        elif kind == "step":
             self._step(rec, int(msg["s"]), float(msg["a"]), float(msg["b"]))
         elif kind == "interrupted":
             rec.restarting = True
@@ -292,7 +295,7 @@ class LocalServer:
                 rank=int(msg["rank"]),
                 start_ticks=info.start_ticks if info else 0,
                 registered_at=now,
-                iteration_started_at=now,
+                iteration_started_at=float(msg.get("ts") or now),
                 progress_mono=time.monotonic(),
             )
             self.ranks[pid] = rec
@@ -339,7 +342,7 @@ class LocalServer:
             rec.iteration = iteration
             rec.steps_this_iteration = 0
             rec.first_step_end_this_iteration = None
-            rec.iteration_started_at = now
+            rec.iteration_started_at = float(msg.get("ts") or now)  # the rank's clock
             rec.progress_mono = time.monotonic()
             rec.intervals.clear()
             rec.last_step_end = None
@@ -359,7 +362,7 @@ class LocalServer:
         rec.last_step = n
         rec.last_step_end = end
         rec.steps_this_iteration += 1
-        if rec.first_step_end_this_iteration is None:
+        if rec.first_step_end_this_iteration is None and end >= rec.iteration_started_at:
             rec.first_step_end_this_iteration = end
         rec.progress_mono = time.monotonic()
         if rec.hang_reported:

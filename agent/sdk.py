@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,6 +112,7 @@ class Session:
         heartbeat_interval: float = 1.0,
         signal_after: float = 2.0,
         install_signal_handler: bool = True,
+        flush_interval: float = 0.1,
     ) -> None:
         self.job = job
         self.rank = rank
@@ -131,6 +133,13 @@ class Session:
         self._restart_id = ""
         self._in_step = False
         self._closed = threading.Event()
+        self._forked = False
+        # Steps are queued by the hook (an append, no system call) and sent by the
+        # heartbeat thread every flush_interval.
+        self._steps: deque[tuple[int, float, float]] = deque()
+        self.flush_interval = min(flush_interval, heartbeat_interval)
+        self.max_pending_steps = 100_000
+        self._flush_lock = threading.Lock()
         self._main_ident = threading.main_thread().ident
         self._stepper = _Step(self)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -147,10 +156,15 @@ class Session:
         self._heart = threading.Thread(target=self._beat, name="tg-sdk-heartbeat", daemon=True)
         self._heart.start()
         atexit.register(self.close)
+        # A forked child (NVRx's monitor process, data loader workers) is not this rank:
+        # it must not report, and its exit must not say "bye" for the rank.
+        os.register_at_fork(after_in_child=self._after_fork)
 
     # --- sending ----------------------------------------------------------------------
 
     def _send_bytes(self, data: bytes) -> None:
+        if self._forked:
+            return
         try:
             self._sock.sendto(data, socket.MSG_DONTWAIT, self.socket_path)
             self.sent += 1
@@ -185,7 +199,11 @@ class Session:
     def step_done(self, n: int, start: float, end: float) -> None:
         """Report a completed step (epoch seconds); raises RestartRequested when one is due."""
         self.last_step = n
-        self._send_bytes(b'{"t":"step","s":%d,"a":%.6f,"b":%.6f}' % (n, start, end))
+        steps = self._steps
+        if len(steps) >= self.max_pending_steps:  # the flusher is stuck: drop, count
+            self.dropped += 1
+        else:
+            steps.append((n, start, end))
         if self._restart_pending:
             self._raise_restart()
 
@@ -265,7 +283,9 @@ class Session:
             self.rank = rank
         if world_size is not None:
             self.world_size = world_size
-        self._send(self._identity("iteration"))
+        with self._flush_lock:  # the old iteration's queued steps go first
+            self._drain_steps()
+            self._send(self._identity("iteration"))
 
     def finished(self) -> None:
         """No more steps will come (the agent stops watching this rank for hangs)."""
@@ -289,8 +309,39 @@ class Session:
     # --- background threads -----------------------------------------------------------
 
     def _beat(self) -> None:
-        while not self._closed.wait(self.heartbeat_interval):
-            self._send(self._identity("heartbeat"))
+        next_beat = time.monotonic() + self.heartbeat_interval
+        while not self._closed.wait(self.flush_interval):
+            self._flush_steps()
+            if time.monotonic() >= next_beat:
+                next_beat += self.heartbeat_interval
+                self._send(self._identity("heartbeat"))
+        self._flush_steps()
+
+    def flush(self) -> None:
+        """Send the steps queued so far now (the heartbeat thread does it every
+        flush_interval; close() does it too)."""
+        self._flush_steps()
+
+    def _flush_steps(self) -> None:
+        with self._flush_lock:
+            self._drain_steps()
+
+    def _drain_steps(self) -> None:
+        """Send the queued steps, up to 1,000 per datagram (off the training thread).
+        A lost datagram counts each of its steps as dropped. Callers hold _flush_lock, so
+        steps and a new iteration reach the agent in the order they happened."""
+        steps = self._steps
+        while steps:
+            chunk: list[tuple[int, float, float]] = []
+            while steps and len(chunk) < 1000:
+                chunk.append(steps.popleft())
+            body = ",".join("[%d,%.6f,%.6f]" % c for c in chunk)  # noqa: UP031 - fast
+            if self._forked:
+                return
+            before = self.dropped
+            self._send_bytes(b'{"t":"steps","v":[' + body.encode() + b"]}")
+            if self.dropped != before:
+                self.dropped += len(chunk) - 1
 
     def _listen(self) -> None:
         while not self._closed.is_set():
@@ -326,10 +377,15 @@ class Session:
                 return
             time.sleep(0.01)
 
+    def _after_fork(self) -> None:
+        self._forked = True
+        self._closed.set()
+
     def close(self) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._flush_steps()
         self._send(self._identity("bye"))
         with contextlib.suppress(OSError):
             self._sock.close()
@@ -348,6 +404,7 @@ def attach(
     heartbeat_interval: float = 1.0,
     signal_after: float = 2.0,
     install_signal_handler: bool = True,
+    flush_interval: float = 0.1,
 ) -> Session:
     """Attach this process to the node agent; arguments override the environment
     (TORCHELASTIC_RUN_ID/SLURM_JOB_ID, RANK, LOCAL_RANK, WORLD_SIZE,
@@ -365,6 +422,7 @@ def attach(
         heartbeat_interval=heartbeat_interval,
         signal_after=signal_after,
         install_signal_handler=install_signal_handler,
+        flush_interval=flush_interval,
     )
     return _current
 

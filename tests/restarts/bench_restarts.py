@@ -38,6 +38,19 @@ def bench_sdk(n: int = 200_000, repeats: int = 5) -> None:
             call.append((time.perf_counter() - t0) / n * 1e6)
         return statistics.median(ctx), statistics.median(call)
 
+    def paced(tg: sdk.Session, steps: int = 5000) -> tuple[float, float]:
+        """A step every millisecond (the agent keeps up, as in training): the hook's own
+        cost per step, median and p99."""
+        costs = []
+        for i in range(steps):
+            t0 = time.perf_counter()
+            with tg.step(i):
+                pass
+            costs.append((time.perf_counter() - t0) * 1e6)
+            time.sleep(0.001)
+        costs.sort()
+        return statistics.median(costs), costs[int(len(costs) * 0.99)]
+
     with tempfile.TemporaryDirectory() as d:
         tg = sdk.attach(job="bench", socket_path=f"{d}/absent.sock", install_signal_handler=False)
         a, b = run(tg)
@@ -62,6 +75,8 @@ def bench_sdk(n: int = 200_000, repeats: int = 5) -> None:
                 f"agent listening: with step(): {a:.2f} us/step, step_done(): {b:.2f} us/step "
                 f"(sent {tg.sent}, dropped {tg.dropped} when the agent's buffer was full)"
             )
+            med, p99 = paced(tg)
+            print(f"agent listening, a step every ms: median {med:.2f} us, p99 {p99:.2f} us")
             tg.close()
         finally:
             server.terminate()

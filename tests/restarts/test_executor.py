@@ -78,7 +78,7 @@ def test_in_process_command_is_acked_phase_by_phase_and_runs_once(
         wait_for(lambda: backend.phases("c1")[-1:] == ["resumed"], timeout=30)
         assert backend.phases("c1") == ["delivered", "torn_down", "restarted", "resumed"]
         ts = backend.times("c1")
-        assert ts == sorted(ts)
+        assert ts == sorted(ts), list(zip(backend.phases("c1"), ts, strict=True))
         assert all(node.local.ranks[p.pid].iteration == 1 for p in ranks)
         # re-delivered after a reconnect: acked again, not run again
         backend.pending.put(command("c1", "in_process"))

@@ -21,6 +21,7 @@ def test_without_an_agent_the_step_hook_drops_and_counts(tmp_path) -> None:  # t
         for n in range(100):
             with tg.step(n):
                 pass
+        tg.flush()
         assert tg.dropped >= 100
         assert tg.last_step == 99
     finally:
@@ -97,5 +98,27 @@ def test_an_xid_posted_through_the_socket_reaches_the_simulated_gpus(make_node) 
         (xid,) = wait_for(lambda: node.kinds("xid"), timeout=10)
         assert xid.xid == 79 and xid.gpu_uuid == node.agent.simulated.gpus[1].uuid
         assert node.agent.simulated.is_lost(1)
+    finally:
+        tg.close()
+
+
+def test_a_forked_child_does_not_report_for_the_rank(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # NVRx forks a monitor process from every rank; its exit must not say "bye" for it
+    import os
+
+    tg = sdk.attach(job="j", socket_path=str(tmp_path / "none.sock"), install_signal_handler=False)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            before = tg.sent + tg.dropped
+            tg.step_done(1, 1.0, 2.0)
+            tg.close()
+            os._exit(0 if tg.sent + tg.dropped == before else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        before = tg.dropped
+        tg.step_done(2, 1.0, 2.0)
+        tg.flush()
+        assert tg.dropped >= before + 1
     finally:
         tg.close()
