@@ -126,7 +126,7 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop(procs)
+        _stop(procs[: nodes + 1], procs[nodes + 1 :])
         log.close()
 
 
@@ -181,7 +181,13 @@ def _launch_job(
     )
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]], job: list[subprocess.Popen[bytes]]) -> None:
+    """The job first (ft_launcher starts its workers in their own sessions: stopping a
+    launcher alone would leave them running), then the agents, then the server."""
+    if job:
+        from agent import demojob
+
+        demojob.stop(job)
     for p in reversed(procs):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

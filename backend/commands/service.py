@@ -73,7 +73,14 @@ def manual_restart(
                 node_id=node_id,
                 action=level,
                 reason=reason,
-                params={"ranks": sorted(r.rank for r, _ in ranks if r.node_id == node_id)},
+                # wire.Command params are scalars: the ranks travel as "0,1".
+                params={
+                    "ranks": ",".join(
+                        str(r.rank)
+                        for r, _ in sorted(ranks, key=lambda x: x[0].rank)
+                        if r.node_id == node_id
+                    )
+                },
                 issued_at=now,
             )
         )

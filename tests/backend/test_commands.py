@@ -35,7 +35,7 @@ def test_manual_restart_reaches_the_agent_and_acks_fill_the_timeline(client: Any
     incident = r.json()
     assert incident["trigger"] == "manual" and incident["fault_step"] == 41
     cmds = client.get("/api/v1/agents/n1/commands", params={"wait": 0}).json()
-    assert [(c["action"], c["params"]["ranks"]) for c in cmds] == [("in_process", [0, 1])]
+    assert [(c["action"], c["params"]["ranks"]) for c in cmds] == [("in_process", "0,1")]
     cid = cmds[0]["id"]
     for phase in ("delivered", "torn_down", "restarted", "resumed"):
         assert ack(client, cid, phase).json() == {"ok": True, "duplicate": False}
