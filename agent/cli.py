@@ -28,6 +28,15 @@ bench_app = typer.Typer(help="Benchmarks (results go to docs/benchmarks.md).", n
 app.add_typer(bench_app, name="bench")
 
 
+# Options several commands share.
+DbUrlOpt = Annotated[
+    str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL", help="SQLAlchemy URL")
+]
+DataDirOpt = Annotated[
+    Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR", help="SQLite and state folder")
+]
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"trainguard: {message}", err=True)
     raise typer.Exit(code)
@@ -52,10 +61,8 @@ def _settings(**overrides: object):  # type: ignore[no-untyped-def]
 def server(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
-    database_url: Annotated[
-        str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL", help="SQLAlchemy URL")
-    ] = None,
-    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+    database_url: DbUrlOpt = None,
+    data_dir: DataDirOpt = None,
     log_level: Annotated[str, typer.Option()] = "info",
     log_format: Annotated[
         str, typer.Option(envvar="TRAINGUARD_LOG_FORMAT", help="text | json (one object a line)")
@@ -168,8 +175,8 @@ def demo(
 @db_app.command("upgrade")
 def db_upgrade(
     revision: Annotated[str, typer.Argument()] = "head",
-    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
-    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+    database_url: DbUrlOpt = None,
+    data_dir: DataDirOpt = None,
 ) -> None:
     """Apply the migrations up to REVISION (default: head)."""
     from backend import db
@@ -182,8 +189,8 @@ def db_upgrade(
 @db_app.command("downgrade")
 def db_downgrade(
     revision: Annotated[str, typer.Argument(help="target revision, e.g. -1 or base")],
-    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
-    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+    database_url: DbUrlOpt = None,
+    data_dir: DataDirOpt = None,
 ) -> None:
     """Revert the migrations down to REVISION."""
     from backend import db
@@ -200,7 +207,7 @@ def bench_ingest(
     duration: Annotated[float, typer.Option(min=1, help="seconds of load")] = 30,
     period: Annotated[float, typer.Option(min=0.01, help="seconds between a node's batches")] = 1,
     workers: Annotated[int, typer.Option(min=1, max=64, help="load generator processes")] = 1,
-    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
+    database_url: DbUrlOpt = None,
     data_dir: Annotated[Path, typer.Option()] = Path("data/bench"),
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8311,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
@@ -239,7 +246,7 @@ def bench_stragglers(
 def bench_decision(
     events: Annotated[int, typer.Option(min=1, help="evidence events to time")] = 200,
     interval: Annotated[float, typer.Option(min=0, help="seconds between events")] = 0.1,
-    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
+    database_url: DbUrlOpt = None,
     data_dir: Annotated[Path, typer.Option()] = Path("data/bench-decision"),
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8313,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
@@ -315,8 +322,8 @@ def token_create(
     role: Annotated[str, typer.Option(help="agent | viewer | operator")],
     node: Annotated[str | None, typer.Option(help="the node an agent token is bound to")] = None,
     name: Annotated[str, typer.Option(help="a label for listings")] = "",
-    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
-    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+    database_url: DbUrlOpt = None,
+    data_dir: DataDirOpt = None,
 ) -> None:
     """Create a token and print it once (it is stored only as a hash)."""
     from backend.errors import DomainError
@@ -338,8 +345,8 @@ def token_create(
 
 @token_app.command("list")
 def token_list(
-    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
-    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+    database_url: DbUrlOpt = None,
+    data_dir: DataDirOpt = None,
 ) -> None:
     """List tokens (id, role, node, prefix; never the token)."""
     from backend.tokens import service
@@ -356,8 +363,8 @@ def token_list(
 @token_app.command("revoke")
 def token_revoke(
     token_id: Annotated[int, typer.Argument(help="id from `trainguard token list`")],
-    database_url: Annotated[str | None, typer.Option(envvar="TRAINGUARD_DATABASE_URL")] = None,
-    data_dir: Annotated[Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR")] = None,
+    database_url: DbUrlOpt = None,
+    data_dir: DataDirOpt = None,
 ) -> None:
     """Revoke a token (takes effect within a few seconds on every replica)."""
     from backend.errors import DomainError

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from urllib.error import URLError
 from urllib.request import urlopen
 
@@ -36,6 +37,24 @@ def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = 
             pass
         time.sleep(0.2)
     raise RuntimeError(f"server at {url} not ready after {timeout:.0f} s")
+
+
+def start_server(
+    port: int, env: dict[str, str], stdout: Any = subprocess.DEVNULL, host: str = "127.0.0.1"
+) -> subprocess.Popen[bytes]:
+    """A `trainguard server` process, returned once /readyz answers."""
+    proc = subprocess.Popen(
+        _cli("server", "--host", host, "--port", str(port), "--log-level", "warning"),
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_ready(f"http://{host}:{port}", proc=proc)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
 
 
 def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_job: bool) -> int:

@@ -65,7 +65,7 @@ def hook_cost_us(socket_path: str, steps: int = 50_000, repeats: int = 5) -> flo
 
 
 def run(duration: float = 60.0, gpus: int = 8, ranks: int = 8, port: int = 8312) -> dict[str, Any]:
-    from backend.demo import wait_ready
+    from backend.demo import start_server
 
     tmp = Path(tempfile.mkdtemp(prefix="tg-bench-agent-"))
     sock = str(tmp / "agent.sock")
@@ -73,23 +73,7 @@ def run(duration: float = 60.0, gpus: int = 8, ranks: int = 8, port: int = 8312)
     env.pop("TRAINGUARD_DATABASE_URL", None)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agent.cli",
-                "server",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(server)
-        wait_ready(f"http://127.0.0.1:{port}", proc=server)
+        procs.append(start_server(port, env))
         agent = subprocess.Popen(
             [
                 sys.executable,

@@ -72,7 +72,7 @@ def run(
 
     from agent import wire
     from backend import db
-    from backend.demo import wait_ready
+    from backend.demo import start_server
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -92,27 +92,12 @@ def run(
     }
     base = f"http://127.0.0.1:{port}"
     logs = (data_dir / "server.log").open("wb"), (data_dir / "agent.log").open("wb")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agent.cli",
-            "server",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        stdout=logs[0],
-        stderr=subprocess.STDOUT,
-    )
+    server = start_server(port, env, stdout=logs[0])
     agent: subprocess.Popen[bytes] | None = None
     headers = {"Authorization": f"Bearer {TOKEN}"}
     sent: dict[str, float] = {}
     http = httpx.Client(base_url=base, headers=headers, timeout=30)
     try:
-        wait_ready(base, proc=server)
         agent = subprocess.Popen(
             [
                 *(sys.executable, "-m", "agent.cli", "agent", "--server", base),

@@ -15,8 +15,6 @@ import multiprocessing as mp
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -204,7 +202,7 @@ def run(
     out_json: Path | None,
 ) -> dict[str, Any]:
     from backend import db
-    from backend.demo import wait_ready
+    from backend.demo import start_server
 
     data_dir.mkdir(parents=True, exist_ok=True)
     url = database_url or f"sqlite:///{(data_dir / 'bench.db').resolve()}"
@@ -213,24 +211,9 @@ def run(
     db.upgrade(url)
     before = _count(url)
     env = {**os.environ, "TRAINGUARD_ADMIN_TOKEN": TOKEN, "TRAINGUARD_DATABASE_URL": url}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agent.cli",
-            "server",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = start_server(port, env)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(base, proc=server)
         names = [f"bench-{i:05d}" for i in range(nodes)]
         q: Any = mp.get_context("spawn").Queue()
         procs = [
