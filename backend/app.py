@@ -28,6 +28,7 @@ from backend.cluster.router import router as cluster_router
 from backend.commands.notifier import Notifier
 from backend.commands.router import router as commands_router
 from backend.engine.engine import DecisionEngine
+from backend.engine.policy import load_policy
 from backend.engine.router import router as engine_router
 from backend.ingest.router import router as ingest_router
 from backend.ingest.writer import IngestWriter, Stored
@@ -126,6 +127,9 @@ def create_app(settings: Settings) -> FastAPI:
         publish=lambda ev: bus.publish("events", "event", ev),
         # Straggler flags are written by the engine's leader only (one writer per database).
         is_leader=lambda: decision_engine is None or decision_engine.leadership.is_leader,
+        overrides=(
+            decision_engine.policy if decision_engine else load_policy(settings.policy_file)
+        ).straggler_overrides(),
     )
 
     async def nodes_snapshot() -> list[dict[str, Any]]:

@@ -258,16 +258,20 @@ def from_settings(
     sessions: sessionmaker[Session],
     publish: Callable[[dict[str, Any]], None] | None = None,
     is_leader: Callable[[], bool] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> AnalyticsMonitor:
-    """The monitor configured by Settings; a bad straggler setting fails here, at startup."""
-    cfg = StragglerConfig(
-        threshold=settings.straggler_threshold,
-        unflag_threshold=settings.straggler_unflag_threshold,
-        window_steps=settings.straggler_window_steps,
-        flag_windows=settings.straggler_flag_windows,
-        unflag_windows=settings.straggler_unflag_windows,
-        reference_quantile=settings.straggler_reference_quantile,
-    )
+    """The monitor configured by Settings, with the policy file's [stragglers] keys
+    (`overrides`) on top; a bad combination fails here, at startup."""
+    values = {
+        "threshold": settings.straggler_threshold,
+        "unflag_threshold": settings.straggler_unflag_threshold,
+        "window_steps": settings.straggler_window_steps,
+        "flag_windows": settings.straggler_flag_windows,
+        "unflag_windows": settings.straggler_unflag_windows,
+        "reference_quantile": settings.straggler_reference_quantile,
+    }
+    values.update(overrides or {})
+    cfg = StragglerConfig(**values)
     return AnalyticsMonitor(
         sessions,
         cfg,

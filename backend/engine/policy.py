@@ -118,6 +118,18 @@ class Hooks(_Strict):
     timeout_s: float = Field(gt=0, le=3600)
 
 
+class Stragglers(_Strict):
+    """Straggler detection (backend/analytics); an unset key keeps the server setting
+    (TRAINGUARD_STRAGGLER_*)."""
+
+    threshold: float | None = Field(default=None, gt=0, le=1)
+    unflag_threshold: float | None = Field(default=None, gt=0, le=1)
+    window_steps: int | None = Field(default=None, ge=2, le=100000)
+    flag_windows: int | None = Field(default=None, ge=1, le=1000)
+    unflag_windows: int | None = Field(default=None, ge=1, le=1000)
+    reference_quantile: float | None = Field(default=None, ge=0, le=0.5)
+
+
 class _PolicyModel(_Strict):
     mode: Literal["auto", "dry_run"]
     causes: Causes
@@ -126,6 +138,7 @@ class _PolicyModel(_Strict):
     limits: Limits
     incidents: Incidents
     hooks: Hooks
+    stragglers: Stragglers = Stragglers()
 
 
 @dataclass(frozen=True)
@@ -157,6 +170,10 @@ class Policy:
             bucket = "UNKNOWN"
         return str(getattr(x.buckets, bucket)), f"bucket {bucket}"
 
+    def straggler_overrides(self) -> dict[str, Any]:
+        """The [stragglers] keys the policy sets (the rest keep the server settings)."""
+        return self.model.stragglers.model_dump(exclude_none=True)
+
     def escalate_after(self, level: str) -> int | None:
         return getattr(self.model.escalation, level, None)
 
@@ -173,6 +190,7 @@ class Policy:
             "budget_per_hour": m.limits.budget_per_hour,
             "merge_window_s": m.incidents.merge_window_s,
             "max_evidence_age_s": m.incidents.max_evidence_age_s,
+            "stragglers": self.straggler_overrides(),
             "hooks": {
                 "cordon": bool(m.hooks.cordon),
                 "gpu_reset": bool(m.hooks.gpu_reset),
