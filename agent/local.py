@@ -214,8 +214,10 @@ class LocalServer:
             self.unknown_messages += 1
             return
         if kind == "steps":
-            for n, a, b in msg["v"]:
-                self._step(rec, int(n), float(a), float(b))
+            for item in msg["v"]:
+                n, a, b = item[:3]
+                c = float(item[3]) if len(item) > 3 and item[3] is not None else None
+                self._step(rec, int(n), float(a), float(b), c)
         elif kind == "step":
             self._step(rec, int(msg["s"]), float(msg["a"]), float(msg["b"]))
         elif kind == "interrupted":
@@ -356,7 +358,9 @@ class LocalServer:
         if msg.get("t") == "bye":
             rec.clean_exit = True
 
-    def _step(self, rec: RankRecord, n: int, start: float, end: float) -> None:
+    def _step(
+        self, rec: RankRecord, n: int, start: float, end: float, compute: float | None = None
+    ) -> None:
         if rec.last_step_end is not None and end > rec.last_step_end:
             rec.intervals.append(end - rec.last_step_end)
         rec.last_step = n
@@ -377,6 +381,7 @@ class LocalServer:
                 end=end,
                 attempt=rec.attempt,
                 iteration=rec.iteration,
+                compute=compute if compute is not None and compute >= 0 else None,
             )
         )
 

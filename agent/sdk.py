@@ -69,6 +69,24 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+class _Compute:
+    """Context manager adding a section's duration to the current step's compute time."""
+
+    __slots__ = ("_s", "_t0")
+
+    def __init__(self, session: Session) -> None:
+        self._s = session
+        self._t0 = 0.0
+
+    def __enter__(self) -> _Compute:
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        s = self._s
+        s._compute = (s._compute or 0.0) + (time.perf_counter() - self._t0)
+
+
 class _Step:
     """Context manager for one step; a class (not a generator) to keep it to a few µs."""
 
@@ -88,6 +106,7 @@ class _Step:
         if s._restart_pending:
             s._raise_restart()
         s._in_step = True
+        s._compute = None
         self._t0 = time.time()
         return self
 
@@ -95,7 +114,7 @@ class _Step:
         s = self._s
         s._in_step = False
         if exc_type is None:
-            s.step_done(self._n, self._t0, time.time())
+            s.step_done(self._n, self._t0, time.time(), s._compute)
 
 
 class Session:
@@ -136,12 +155,15 @@ class Session:
         self._forked = False
         # Steps are queued by the hook (an append, no system call) and sent by the
         # heartbeat thread every flush_interval.
-        self._steps: deque[tuple[int, float, float]] = deque()
+        # (step, start, end) or (step, start, end, compute seconds)
+        self._steps: deque[tuple[float, ...]] = deque()
+        self._compute: float | None = None
         self.flush_interval = min(flush_interval, heartbeat_interval)
         self.max_pending_steps = 100_000
         self._flush_lock = threading.Lock()
         self._main_ident = threading.main_thread().ident
         self._stepper = _Step(self)
+        self._compute_cm = _Compute(self)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         # An abstract address (Linux): nothing to clean up, unique per process.
         self._sock.bind(f"\0trainguard-sdk-{self.pid}-{id(self):x}")
@@ -196,16 +218,27 @@ class Session:
         """`with session.step(n):` around one training step (reuses one object)."""
         return self._stepper(n)
 
-    def step_done(self, n: int, start: float, end: float) -> None:
-        """Report a completed step (epoch seconds); raises RestartRequested when one is due."""
+    def step_done(self, n: int, start: float, end: float, compute: float | None = None) -> None:
+        """Report a completed step (epoch seconds; `compute`: seconds of this rank's own
+        work in it, see `compute()`); raises RestartRequested when one is due."""
         self.last_step = n
         steps = self._steps
         if len(steps) >= self.max_pending_steps:  # the flusher is stuck: drop, count
             self.dropped += 1
-        else:
+        elif compute is None:
             steps.append((n, start, end))
+        else:
+            steps.append((n, start, end, compute))
         if self._restart_pending:
             self._raise_restart()
+
+    def compute(self) -> _Compute:
+        """Mark the rank's own work inside a step, e.g. forward + backward but not the
+        gradient all-reduce: `with tg.step(n): with tg.compute(): loss = fwd_bwd(batch)`.
+        In synchronous training every rank's wall-clock step waits for the slowest rank,
+        so straggler scores need this part. Sections of one step add up. (On a GPU,
+        synchronise the stream before the section ends, or it times only the launches.)"""
+        return self._compute_cm
 
     def check_restart(self) -> None:
         """Raise RestartRequested if the agent asked for a restart (for custom loops)."""
@@ -332,10 +365,13 @@ class Session:
         steps and a new iteration reach the agent in the order they happened."""
         steps = self._steps
         while steps:
-            chunk: list[tuple[int, float, float]] = []
+            chunk: list[tuple[float, ...]] = []
             while steps and len(chunk) < 1000:
                 chunk.append(steps.popleft())
-            body = ",".join("[%d,%.6f,%.6f]" % c for c in chunk)  # noqa: UP031 - fast
+            body = ",".join(
+                ("[%d,%.6f,%.6f]" if len(c) == 3 else "[%d,%.6f,%.6f,%.6f]") % c
+                for c in chunk
+            )
             if self._forked:
                 return
             before = self.dropped

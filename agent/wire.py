@@ -120,6 +120,10 @@ class StepReport(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     end: Ts
     attempt: NonNeg = 0
     iteration: NonNeg = 0
+    # Seconds of the rank's own work in the step (the SDK's `tg.compute()` sections),
+    # without the wait in collectives: in synchronous training every rank's wall-clock
+    # step is as slow as the slowest, so only this shows a straggler.
+    compute: NonNegF | None = None
 
 
 class RankStatus(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

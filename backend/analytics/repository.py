@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from backend.analytics.goodput import CohortStep
@@ -121,6 +121,13 @@ def placements(session: Session, job_id: int) -> list[Placement]:
     return [Placement(*r) for r in rows]
 
 
+def _scored_start() -> Any:
+    """A step's start as the straggler scores see it: when the rank reported its own
+    compute time, `end - compute_s`, so `end - start` is the work without the wait in
+    collectives (in synchronous training the wall-clock steps of all ranks are equal)."""
+    return case((Step.compute_s.is_not(None), Step.end - Step.compute_s), else_=Step.start)
+
+
 def step_rows_after(
     session: Session, job_id: int, cursor: int, limit: int
 ) -> list[tuple[int, int, int, float, float, int, int]]:
@@ -129,7 +136,13 @@ def step_rows_after(
         tuple(r)  # type: ignore[misc]
         for r in session.execute(
             select(
-                Step.id, Step.rank, Step.step, Step.start, Step.end, Step.attempt, Step.iteration
+                Step.id,
+                Step.rank,
+                Step.step,
+                _scored_start(),
+                Step.end,
+                Step.attempt,
+                Step.iteration,
             )
             .where(Step.job_id == job_id, Step.id > cursor)
             .order_by(Step.id)
@@ -143,7 +156,15 @@ def recent_step_rows(
 ) -> list[tuple[int, int, int, float, float, int, int]]:
     """The newest `limit` rows by end time, in storage order (a detector's first load)."""
     rows = session.execute(
-        select(Step.id, Step.rank, Step.step, Step.start, Step.end, Step.attempt, Step.iteration)
+        select(
+            Step.id,
+            Step.rank,
+            Step.step,
+            _scored_start(),
+            Step.end,
+            Step.attempt,
+            Step.iteration,
+        )
         .where(Step.job_id == job_id)
         .order_by(Step.end.desc())
         .limit(limit)

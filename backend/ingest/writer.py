@@ -497,6 +497,7 @@ class IngestWriter:
                 "end": s.end,
                 "attempt": s.attempt,
                 "iteration": s.iteration,
+                "compute_s": s.compute,
             }
             for it, nid in fresh
             for s in it.batch.steps

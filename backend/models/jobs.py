@@ -55,3 +55,4 @@ class Step(Base):
     end: Mapped[float] = mapped_column(Float)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     iteration: Mapped[int] = mapped_column(Integer, default=0)
+    compute_s: Mapped[float | None] = mapped_column(Float)  # the rank's own work in the step
