@@ -257,8 +257,14 @@ class CommandLoop:
         local, job = self.local, cmd.job
         with local.cond:
             before = {r.pid: r.iteration for r in local.job_ranks(job)}
+            served = self._already_restarted(cmd)
         if not before:
             self._ack(cmd.id, "failed", time.time(), f"no live rank of job {job} on this node")
+            return
+        if served is not None:
+            # NVRx's Wrapper restarts on an exception by itself: when every rank is already
+            # past the fault's generation, a second restart would only cost time.
+            self._report_served(cmd, served)
             return
         local.request_restart(job, cmd.id, cmd.reason or "in_process restart requested")
 
@@ -314,6 +320,35 @@ class CommandLoop:
             self._ack(cmd.id, "failed", time.time(), "no step completed after the restart")
             return
         self._ack(cmd.id, "resumed", ts)
+
+    def _already_restarted(self, cmd: Command) -> list[Any] | None:
+        """The job's ranks here if all of them are in a later generation (attempt,
+        iteration) than the fault's (the command's params), else None."""
+        it, att = cmd.params.get("iteration"), cmd.params.get("attempt")
+        if not isinstance(it, int) or isinstance(it, bool):
+            return None
+        fault = (att if isinstance(att, int) and not isinstance(att, bool) else 0, it)
+        recs = self.local.job_ranks(cmd.job)
+        if recs and all((r.attempt, r.iteration) > fault for r in recs):
+            return list(recs)
+        return None
+
+    def _report_served(self, cmd: Command, recs: list[Any]) -> None:
+        """Ack the phases of the restart that already happened, with its own times."""
+        detail = f"already restarted in process (iteration {max(r.iteration for r in recs)})"
+        started = [r.iteration_started_at for r in recs]
+        self._ack(cmd.id, "torn_down", min(started), detail)
+        self._ack(cmd.id, "restarted", max(started), detail)
+
+        def resumed() -> float | None:
+            ends = [r.first_step_end_this_iteration for r in recs]
+            return max(ends) if all(e is not None for e in ends) else None  # type: ignore[type-var]
+
+        ts = self.local.wait_until(resumed, self.resumed_timeout_s)
+        if ts is None:
+            self._ack(cmd.id, "failed", time.time(), "no step completed after the restart")
+            return
+        self._ack(cmd.id, "resumed", ts, detail)
 
     def _launcher(self, cmd: Command) -> None:
         local, job = self.local, cmd.job

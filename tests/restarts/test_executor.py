@@ -84,6 +84,13 @@ def test_in_process_command_is_acked_phase_by_phase_and_runs_once(
         backend.pending.put(command("c1", "in_process"))
         wait_for(lambda: len(backend.phases("c1")) == 5, timeout=10)
         assert backend.acks[-1][1].detail == "already executed"
+        # A command for a fault of iteration 0, once every rank is past it (NVRx restarted
+        # them on its own): the phases are acked with that restart's times, no new restart.
+        backend.pending.put(command("c3", "in_process", attempt=0, iteration=0))
+        wait_for(lambda: backend.phases("c3")[-1:] == ["resumed"], timeout=20)
+        assert backend.phases("c3") == ["delivered", "torn_down", "restarted", "resumed"]
+        assert "already restarted" in backend.acks[-1][1].detail
+        assert all(node.local.ranks[p.pid].iteration == 1 for p in ranks)
     finally:
         loop.stop()
     # a restarted agent remembers it too (the spool directory)
