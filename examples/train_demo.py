@@ -82,6 +82,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument(
+        "--ckpt-mode",
+        choices=("async", "sync", "torch", "none"),
+        default="async",
+        help="async: dcp.async_save (default); sync: dcp.save; torch: torch.save by rank 0 "
+        "(not resumable); none: no checkpoints",
+    )
+    p.add_argument(
+        "--no-wrapper",
+        action="store_true",
+        help="run without NVRx's in-process Wrapper: any fault ends the rank (the baseline "
+        "of a plain full restart)",
+    )
     faults.add_arguments(p)
     return p.parse_args(argv)
 
@@ -229,17 +242,24 @@ def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = 
             last_s = time.perf_counter() - t0
         step += 1
         mem["step"] = step
-        if step % args.ckpt_every == 0:
+        if args.ckpt_mode != "none" and step % args.ckpt_every == 0:
             pending = mem.pop("pending", None)
             if pending is not None:
                 wait_saved(pending)  # the previous save finished before the next starts
             with tg.checkpoint("save", step):
                 msd, osd = get_state_dict(model, opt)
-                mem["pending"] = dcp.async_save(
-                    {"model": msd, "optim": osd},
-                    checkpoint_id=str(ckpt_root / f"step_{step:06d}"),
-                    process_group=ckpt_pg,
-                )
+                target = str(ckpt_root / f"step_{step:06d}")
+                if args.ckpt_mode == "async":
+                    mem["pending"] = dcp.async_save(
+                        {"model": msd, "optim": osd}, checkpoint_id=target, process_group=ckpt_pg
+                    )
+                elif args.ckpt_mode == "sync":
+                    dcp.save(
+                        {"model": msd, "optim": osd}, checkpoint_id=target, process_group=ckpt_pg
+                    )
+                elif rank == 0:  # torch: one replica is the whole state in data parallel
+                    ckpt_root.mkdir(parents=True, exist_ok=True)
+                    torch.save({"model": msd, "optim": osd}, f"{target}.pt")
         if rank == 0 and step % 50 == 0:
             print(f"[demo] step {step} loss {loss.item():.4f}", flush=True)
     tg.finished()
@@ -304,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     def fn(call_wrapper: inprocess.CallWrapper | None = None):  # type: ignore[no-untyped-def]
         return reported(args, tg, injector, mem, call_wrapper=call_wrapper)
 
-    final = wrapper(fn)()
+    final = fn() if args.no_wrapper else wrapper(fn)()
     print(f"[demo] rank {tg.rank} done at step {final}", flush=True)
     tg.close()
     return 0
