@@ -266,6 +266,45 @@ def bench_decision(
     )
 
 
+@bench_app.command("recovery")
+def bench_recovery(
+    modes: Annotated[str, typer.Option(help="comma-separated: baseline,launcher,in_process")] = (
+        "baseline,launcher,in_process"
+    ),
+    faults: Annotated[int, typer.Option(min=1, max=50)] = 5,
+    seed: Annotated[int, typer.Option()] = 42,
+    after_step: Annotated[int, typer.Option(min=1)] = 10,
+    steps: Annotated[int, typer.Option(min=20)] = 300,
+) -> None:
+    """The AWS NVRx experiment on CPU: full restart vs launcher vs in-process, same faults."""
+    from backend.bench.recovery import run, table
+
+    wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
+    bad = [m for m in wanted if m not in ("baseline", "launcher", "in_process")]
+    if bad or not wanted:
+        fail(f"--modes takes baseline, launcher, in_process; not {', '.join(bad) or 'nothing'}")
+    typer.echo(
+        table(run(modes=wanted, faults=faults, seed=seed, after_step=after_step, steps=steps))
+    )
+
+
+@bench_app.command("checkpoint")
+def bench_checkpoint(
+    intervals: Annotated[str, typer.Option(help="comma-separated checkpoint intervals")] = "10,50",
+    steps: Annotated[int, typer.Option(min=20)] = 300,
+) -> None:
+    """Training with no checkpoint vs torch.save vs DCP save vs DCP async_save."""
+    from backend.bench.checkpoint import run, table
+
+    try:
+        every = tuple(int(x) for x in intervals.split(",") if x.strip())
+    except ValueError:
+        fail(f"--intervals takes integers like 10,50, not {intervals!r}")
+    if not every or min(every) < 1:
+        fail("--intervals needs positive integers")
+    typer.echo(table(run(intervals=every, steps=steps)))
+
+
 @bench_app.command("agent")
 def bench_agent(
     duration: Annotated[float, typer.Option(min=5, help="seconds measured")] = 60,
