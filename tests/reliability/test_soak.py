@@ -1,0 +1,37 @@
+"""`backend/bench/soak.py` end to end, briefly: it drives a real backend and real agents
+and reports their memory (the measured runs are in docs/reliability.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend.bench.soak import _slope_per_h, run
+from tests.support import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_slope_is_mib_per_hour() -> None:
+    assert _slope_per_h([(0, 100.0), (60, 101.0), (120, 102.0)]) == pytest.approx(60.0)
+    assert _slope_per_h([(0, 100.0)]) == 0.0
+
+
+def test_a_short_soak_reports_backend_and_agent_memory(tmp_path: Path) -> None:
+    report = run(
+        minutes=0.25,
+        nodes=8,
+        agents=2,
+        gpus=2,
+        every_s=1.0,
+        warmup_s=5.0,
+        data_dir=tmp_path,
+        port=free_port(),
+        json_out=tmp_path / "soak.json",
+    )
+    assert report["generator_errors"] == 0
+    assert report["stored_samples_per_s"] > 0
+    assert 20 < report["backend_rss_mib_start"] <= report["backend_rss_mib_max"] < 2000
+    assert 10 < report["agent_rss_mib_start"] <= report["agent_rss_mib_max"] < 1000
+    assert (tmp_path / "soak.json").read_text().count('"backend_mib"') >= 10
