@@ -46,7 +46,7 @@ def run(
     workers: int = 1,
     database_url: str | None = None,
     data_dir: Path = Path("data/soak"),
-    port: int = 8312,
+    port: int = 8316,
     every_s: float = 10.0,
     warmup_s: float = 60.0,
     json_out: Path | None = None,
