@@ -305,6 +305,40 @@ def bench_checkpoint(
     typer.echo(table(run(intervals=every, steps=steps)))
 
 
+@bench_app.command("soak")
+def bench_soak(
+    minutes: Annotated[float, typer.Option(min=0.1)] = 10,
+    nodes: Annotated[int, typer.Option(min=0, help="simulated nodes of the load generator")] = 256,
+    agents: Annotated[int, typer.Option(min=0, max=64, help="real agent processes")] = 4,
+    gpus: Annotated[int, typer.Option(min=1, max=64)] = 8,
+    period: Annotated[float, typer.Option(min=0.01)] = 1,
+    workers: Annotated[int, typer.Option(min=1, max=64)] = 1,
+    every: Annotated[float, typer.Option(min=0.5, help="seconds between RSS readings")] = 10,
+    database_url: DbUrlOpt = None,
+    data_dir: Annotated[Path, typer.Option()] = Path("data/soak"),
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8316,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """Memory over a sustained ingest run: backend and agent RSS at start, middle, end."""
+    from backend.bench.soak import run
+
+    _print_report(
+        run(
+            minutes,
+            nodes,
+            agents,
+            gpus,
+            period,
+            workers,
+            database_url,
+            data_dir,
+            port,
+            every_s=every,
+            json_out=json_out,
+        )
+    )
+
+
 @bench_app.command("agent")
 def bench_agent(
     duration: Annotated[float, typer.Option(min=5, help="seconds measured")] = 60,

@@ -209,5 +209,20 @@ def encode(obj: Any) -> bytes:
 
 
 def json_schema(tp: Any) -> dict[str, Any]:
-    """JSON schema of a wire type, for the backend's OpenAPI page."""
-    return msgspec.json.schema(tp)
+    """JSON schema of a wire type, self-contained, for the backend's OpenAPI page.
+
+    msgspec refers to `#/$defs/<name>`, which inside an OpenAPI document points at its
+    root, where nothing is: the definitions are inlined (the wire types do not recurse)."""
+    schema = msgspec.json.schema(tp)
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return walk(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: walk(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return dict(walk(schema))

@@ -121,7 +121,7 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
         print(
             f"\ntrainguard demo running\n"
             f"  dashboard: {url}/   (token: {token})\n"
-            f"  API docs:  {url}/docs\n"
+            f"  API:       {url}/openapi.json\n"
             f"  nodes:     {nodes} simulated x {gpus} simulated GPUs\n"
             f"  job:       {job_note}\n"
             f"  logs:      {data_dir}\n"

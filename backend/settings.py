@@ -68,6 +68,9 @@ class Settings(BaseSettings):
         default=None,
         description="decision policy (TOML), merged over backend/policy/default.toml",
     )
+    # Operator actions (restart, approve, cordon...) per principal: a token bucket.
+    operator_rate_burst: int = Field(default=30, ge=1)
+    operator_rate_per_min: float = Field(default=30.0, gt=0)
     alerts_file: Path | None = Field(default=None, description="alert webhooks (TOML)")
     # Where operators reach the dashboard; alert messages link to incidents under it.
     public_url: str | None = None

@@ -17,6 +17,8 @@ from backend.models import Command, Incident
 
 router = APIRouter()
 
+IncidentId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
 _POLL_DB_EVERY_S = 0.5
 _ack_decoder = msgspec.json.Decoder(wire.Ack)
 
@@ -107,5 +109,5 @@ def list_incidents(
 
 
 @router.get("/incidents/{incident_id}", tags=["incidents"], summary="One incident's timeline")
-def get_incident(incident_id: int, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
+def get_incident(incident_id: IncidentId, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
     return service.incident_dict(session, service.get_incident(session, incident_id))

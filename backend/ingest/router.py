@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import msgspec
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -34,31 +33,13 @@ _INT32_READINGS = tuple(
 )
 
 
-def _inline(schema: dict[str, Any]) -> dict[str, Any]:
-    """msgspec's schema refers to `#/$defs/<name>`, which inside the OpenAPI document points
-    at its root, where nothing is: inline the definitions (the wire types do not recurse),
-    so that clients and schemathesis can read the body's schema."""
-    defs = schema.get("$defs", {})
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            if "$ref" in node:
-                return walk(defs[node["$ref"].rsplit("/", 1)[-1]])
-            return {k: walk(v) for k, v in node.items() if k != "$defs"}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        return node
-
-    return dict(walk(schema))
-
-
 @router.post(
     "/ingest",
     summary="Store one agent batch (samples, events, steps, rank status)",
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": _inline(wire.json_schema(wire.Batch))}},
+            "content": {"application/json": {"schema": wire.json_schema(wire.Batch)}},
         }
     },
     responses={

@@ -36,7 +36,7 @@ def job_steps(
     session: SessionDep,
     _: ViewerDep,
     since: Annotated[float | None, Query(ge=0)] = None,
-    rank: Annotated[int | None, Query(ge=0)] = None,
+    rank: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 5000,
 ) -> dict[str, Any]:
     return service.steps(session, service.get_job(session, job), since, rank, limit)

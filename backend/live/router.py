@@ -7,7 +7,7 @@ from collections.abc import AsyncIterable
 from typing import Annotated
 
 import msgspec
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from backend.auth import ViewerDep
@@ -18,7 +18,11 @@ _TOPIC = re.compile(r"^(nodes|events|incidents|(node|job):[A-Za-z0-9][A-Za-z0-9.
 _json = msgspec.json.Encoder()
 
 
-def parse_topics(raw: str) -> frozenset[str]:
+def parse_topics(
+    topics: Annotated[str, Query(max_length=4096)] = "nodes,events",
+) -> frozenset[str]:
+    """A dependency, so a bad `topics` is a 422 before the stream (and its 200) starts."""
+    raw = topics
     topics = frozenset(t.strip() for t in raw.split(",") if t.strip())
     bad = sorted(t for t in topics if not _TOPIC.match(t))
     if bad or not topics or len(topics) > 32:
@@ -38,10 +42,9 @@ def parse_topics(raw: str) -> frozenset[str]:
 async def stream(
     request: Request,
     _: ViewerDep,
-    topics: Annotated[str, Query(max_length=4096)] = "nodes,events",
+    wanted: Annotated[frozenset[str], Depends(parse_topics)],
     access_token: Annotated[str | None, Query(max_length=512)] = None,
 ) -> AsyncIterable[ServerSentEvent]:
-    wanted = parse_topics(topics)
     bus = request.app.state.bus
     sub = bus.subscribe(wanted)
     try:
