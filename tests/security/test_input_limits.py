@@ -103,22 +103,23 @@ REFUSED = [
         422,
         "$.gpus",
     ),
-    # Time: a day ahead of the server's clock, or older than the spool could hold.
+    # Time: beyond the 1-day bound ahead of the server's clock (2 days: these cases are
+    # built at collection, minutes before they run), or older than the spool could hold.
     (
         "sample a day ahead",
-        {"samples": [sample(time.time() + DAY + 60)]},
+        {"samples": [sample(time.time() + 2 * DAY)]},
         422,
         "timestamp too far in the future - at `$.samples[0].ts`",
     ),
     (
         "event a day ahead",
-        {"events": [{"kind": "log", "ts": time.time() + DAY + 60}]},
+        {"events": [{"kind": "log", "ts": time.time() + 2 * DAY}]},
         422,
         "timestamp too far in the future - at `$.events[0].ts`",
     ),
     (
         "step ending a day ahead",
-        {"steps": [step(end=time.time() + DAY + 60)]},
+        {"steps": [step(end=time.time() + 2 * DAY)]},
         422,
         "timestamp too far in the future - at `$.steps[0].end`",
     ),
