@@ -128,6 +128,11 @@ def _scored_start() -> Any:
     return case((Step.compute_s.is_not(None), Step.end - Step.compute_s), else_=Step.start)
 
 
+def _scored_row() -> tuple[Any, ...]:
+    """(id, rank, step, start as scored, end, attempt, iteration) of a step row."""
+    return (Step.id, Step.rank, Step.step, _scored_start(), Step.end, Step.attempt, Step.iteration)
+
+
 def step_rows_after(
     session: Session, job_id: int, cursor: int, limit: int
 ) -> list[tuple[int, int, int, float, float, int, int]]:
@@ -135,15 +140,7 @@ def step_rows_after(
     return [
         tuple(r)  # type: ignore[misc]
         for r in session.execute(
-            select(
-                Step.id,
-                Step.rank,
-                Step.step,
-                _scored_start(),
-                Step.end,
-                Step.attempt,
-                Step.iteration,
-            )
+            select(*_scored_row())
             .where(Step.job_id == job_id, Step.id > cursor)
             .order_by(Step.id)
             .limit(limit)
@@ -156,18 +153,7 @@ def recent_step_rows(
 ) -> list[tuple[int, int, int, float, float, int, int]]:
     """The newest `limit` rows by end time, in storage order (a detector's first load)."""
     rows = session.execute(
-        select(
-            Step.id,
-            Step.rank,
-            Step.step,
-            _scored_start(),
-            Step.end,
-            Step.attempt,
-            Step.iteration,
-        )
-        .where(Step.job_id == job_id)
-        .order_by(Step.end.desc())
-        .limit(limit)
+        select(*_scored_row()).where(Step.job_id == job_id).order_by(Step.end.desc()).limit(limit)
     ).all()
     return sorted((tuple(r) for r in rows), key=lambda r: r[0])  # type: ignore[misc]
 
