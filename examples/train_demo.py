@@ -221,11 +221,15 @@ def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = 
     while step < args.steps:
         with tg.step(step):
             t0 = time.perf_counter()
-            injector.before_step(step, rank, last_s)
-            x, y = batch(step, rank, args.batch)
-            opt.zero_grad(set_to_none=False)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
+            # This rank's own work (a slow-rank fault slows it), not the all-reduce's wait:
+            # straggler scores use these sections, as every rank's step lasts as long as the
+            # slowest one's.
+            with tg.compute():
+                injector.before_step(step, rank, last_s)
+                x, y = batch(step, rank, args.batch)
+                opt.zero_grad(set_to_none=False)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
             flat = torch.cat([p.grad.reshape(-1) for p in params])
             dist.all_reduce(flat)
             flat /= world
@@ -236,7 +240,8 @@ def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = 
                 offset += n
             opt.step()
             if args.step_sleep:
-                time.sleep(args.step_sleep)
+                with tg.compute():  # stands for more model work
+                    time.sleep(args.step_sleep)
             if call_wrapper is not None:
                 call_wrapper.ping()
             last_s = time.perf_counter() - t0
