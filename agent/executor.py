@@ -308,8 +308,15 @@ class CommandLoop:
             return
         self._ack(cmd.id, "restarted", ts)
 
+        self._ack_resumed(cmd, set(before))
+
+    def _ack_resumed(self, cmd: Command, pids: set[int], detail: str = "") -> None:
+        """Ack `resumed` at the first completed step of every one of these ranks in its
+        new generation, or `failed` if that does not come in time."""
+        local, job = self.local, cmd.job
+
         def resumed() -> float | None:
-            recs = [r for r in local.job_ranks(job) if r.pid in before]
+            recs = [r for r in local.job_ranks(job) if r.pid in pids]
             ends = [r.first_step_end_this_iteration for r in recs]
             if recs and all(e is not None for e in ends):
                 return max(e for e in ends if e is not None)
@@ -319,7 +326,7 @@ class CommandLoop:
         if ts is None:
             self._ack(cmd.id, "failed", time.time(), "no step completed after the restart")
             return
-        self._ack(cmd.id, "resumed", ts)
+        self._ack(cmd.id, "resumed", ts, detail)
 
     def _already_restarted(self, cmd: Command) -> list[Any] | None:
         """The job's ranks here if all of them are in a later generation (attempt,
@@ -339,16 +346,7 @@ class CommandLoop:
         started = [r.iteration_started_at for r in recs]
         self._ack(cmd.id, "torn_down", min(started), detail)
         self._ack(cmd.id, "restarted", max(started), detail)
-
-        def resumed() -> float | None:
-            ends = [r.first_step_end_this_iteration for r in recs]
-            return max(ends) if all(e is not None for e in ends) else None  # type: ignore[type-var]
-
-        ts = self.local.wait_until(resumed, self.resumed_timeout_s)
-        if ts is None:
-            self._ack(cmd.id, "failed", time.time(), "no step completed after the restart")
-            return
-        self._ack(cmd.id, "resumed", ts, detail)
+        self._ack_resumed(cmd, {r.pid for r in recs}, detail)
 
     def _launcher(self, cmd: Command) -> None:
         local, job = self.local, cmd.job
@@ -389,18 +387,7 @@ class CommandLoop:
         self._ack(cmd.id, "restarted", max(r.registered_at for r in fresh))
         pids = {r.pid for r in fresh}
 
-        def resumed() -> float | None:
-            recs = [r for r in local.job_ranks(job) if r.pid in pids]
-            ends = [r.first_step_end_this_iteration for r in recs]
-            if recs and all(e is not None for e in ends):
-                return max(e for e in ends if e is not None)
-            return None
-
-        ts = local.wait_until(resumed, self.resumed_timeout_s)
-        if ts is None:
-            self._ack(cmd.id, "failed", time.time(), "no step completed after the restart")
-            return
-        self._ack(cmd.id, "resumed", ts)
+        self._ack_resumed(cmd, pids)
 
     @staticmethod
     def _alive(pid: int, start_ticks: int) -> bool:
