@@ -10,7 +10,7 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import event
 
-from backend.auth import OperatorDep, ViewerDep
+from backend.auth import OperatorDep, Principal, ViewerDep
 from backend.commands import service as commands
 from backend.db import SessionDep
 from backend.errors import Conflict
@@ -56,23 +56,10 @@ def approve(
     incident_id: IncidentId, body: Answer, request: Request, session: SessionDep, who: OperatorDep
 ) -> dict[str, Any]:
     inc = _pending(session, incident_id)
-    now = time.time()
+    now = _record_answer(session, inc, who, body.reason, "approval", "approve")
     inc.status = "open"
     inc.not_before = now  # the leader's engine acts on it at its next cycle
     inc.outcome = f"approved by {who.name}"
-    inc.decisions = [
-        *inc.decisions,
-        {"at": now, "level": inc.level, "why": body.reason, "by": who.name, "mode": "approval"},
-    ]
-    session.add(
-        AuditLog(
-            ts=now,
-            actor=who.name,
-            action=f"approve:{inc.level}",
-            target=f"incident:{incident_id}",
-            reason=body.reason,
-        )
-    )
     session.flush()
     _wake_engine(request, session)
     return commands.incident_dict(session, inc)
@@ -88,25 +75,33 @@ def reject(
     incident_id: IncidentId, body: Answer, session: SessionDep, who: OperatorDep
 ) -> dict[str, Any]:
     inc = _pending(session, incident_id)
-    now = time.time()
+    now = _record_answer(session, inc, who, body.reason, "rejection", "reject")
     inc.status = "rejected"
     inc.closed_at = now
     inc.outcome = f"rejected by {who.name}: {body.reason}"
+    session.flush()
+    return commands.incident_dict(session, inc)
+
+
+def _record_answer(
+    session: SessionDep, inc: Incident, who: Principal, reason: str, mode: str, verb: str
+) -> float:
+    """An operator's answer to a recommendation: a decision entry and an audit row."""
+    now = time.time()
     inc.decisions = [
         *inc.decisions,
-        {"at": now, "level": inc.level, "why": body.reason, "by": who.name, "mode": "rejection"},
+        {"at": now, "level": inc.level, "why": reason, "by": who.name, "mode": mode},
     ]
     session.add(
         AuditLog(
             ts=now,
             actor=who.name,
-            action=f"reject:{inc.level}",
-            target=f"incident:{incident_id}",
-            reason=body.reason,
+            action=f"{verb}:{inc.level}",
+            target=f"incident:{inc.id}",
+            reason=reason,
         )
     )
-    session.flush()
-    return commands.incident_dict(session, inc)
+    return now
 
 
 def _wake_engine(request: Request, session: SessionDep) -> None:
