@@ -7,7 +7,12 @@ plan inside the training loop; each fault fires once per job run, remembered in 
 file, so a launcher restart that replays steps from a checkpoint does not fire it again.
 
 Kinds:
-- exception: raises InjectedFault (an in-process restart under NVRx's Wrapper);
+- exception: raises InjectedFault (an in-process restart under NVRx's Wrapper); with
+  `defer_s` > 0 the rank first reports the exception to its agent and waits inside the step
+  up to `defer_s` seconds for trainguard's restart request (it raises RestartRequested
+  when one comes, the InjectedFault when none does), so trainguard's engine, not the
+  Wrapper's own reaction, chooses the restart (`--fault-defer-s`; 0, the default, raises at
+  once);
 - hang: the rank sleeps in a loop inside its step (heartbeats continue, steps stop);
 - sigkill: SIGKILL to the rank itself (a launcher restart);
 - slow: the rank's steps take `factor` times as long for `duration` steps (a straggler);
@@ -44,6 +49,7 @@ class Fault:
     slow_factor: float = 3.0
     slow_steps: int = 20
     xid: int = 79
+    defer_s: float = 0.0  # exception: wait this long for trainguard's decision first
 
     def describe(self) -> str:
         extra = {
@@ -76,9 +82,11 @@ def plan(
     kinds: dict[str, float] | None = None,
     min_gap: int = 1,
     target_rank: int | None = None,
+    defer_s: float = 0.0,
 ) -> list[Fault]:
     """The faults of one run: a pure function of its arguments. `target_rank` pins every
-    fault to one rank (tests; the only way to aim at rank 0); the draws stay the same."""
+    fault to one rank (tests; the only way to aim at rank 0); the draws stay the same.
+    `defer_s` goes to the exception faults (see the module docstring); no draw depends on it."""
     if count <= 0:
         return []
     if world_size < 2:
@@ -98,7 +106,13 @@ def plan(
         rank = rng.randrange(1, world_size)
         kind = rng.choices(names, w)[0]
         faults.append(
-            Fault(index=i, step=s, rank=rank if target_rank is None else target_rank, kind=kind)
+            Fault(
+                index=i,
+                step=s,
+                rank=rank if target_rank is None else target_rank,
+                kind=kind,
+                defer_s=defer_s if kind == "exception" else 0.0,
+            )
         )
     return faults
 
@@ -155,6 +169,8 @@ class Injector:
                 **{k: v for k, v in asdict(fault).items() if isinstance(v, int | float | str)},
             )
         if fault.kind == "exception":
+            if fault.defer_s > 0 and self.session is not None:
+                self._defer(fault)
             raise InjectedFault(fault.describe())
         if fault.kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -173,6 +189,17 @@ class Injector:
                     self.local_rank, fault.xid, f"injected by {fault.describe()}"
                 )
 
+    def _defer(self, fault: Fault) -> None:
+        """Report the exception and wait for trainguard's restart request: the session's
+        check_restart() raises RestartRequested when it arrives. Returns when `defer_s`
+        passed without one (the caller then raises the fault itself)."""
+        assert self.session is not None
+        self.session.report_exception(InjectedFault(fault.describe()))
+        deadline = time.monotonic() + fault.defer_s
+        while time.monotonic() < deadline:
+            self.session.check_restart()
+            time.sleep(0.005)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--faults", type=int, default=0, help="number of faults to inject")
@@ -183,6 +210,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--fault-min-gap", type=int, default=1, help="steps between two faults at least")
     p.add_argument("--fault-rank", type=int, default=None, help="aim every fault at this rank")
+    p.add_argument(
+        "--fault-defer-s",
+        type=float,
+        default=0.0,
+        help="an exception fault is reported to the agent and waits up to this long for "
+        "trainguard's restart request before it raises (0: raise at once)",
+    )
 
 
 def plan_from_args(args: argparse.Namespace, total_steps: int, world_size: int) -> list[Fault]:
@@ -195,6 +229,7 @@ def plan_from_args(args: argparse.Namespace, total_steps: int, world_size: int) 
         parse_kinds(args.fault_kinds),
         args.fault_min_gap,
         args.fault_rank,
+        getattr(args, "fault_defer_s", 0.0),
     )
 
 

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 
-from agent import faults
+from agent import faults, sdk
+from tests.support import wait_for
 
 
 def test_same_seed_gives_the_same_plan() -> None:
@@ -54,3 +56,59 @@ def test_a_slow_rank_is_slowed_by_its_own_pace_not_compounded(tmp_path, monkeypa
     for step in range(5, 12):  # step_s is the previous step: slowed ones measure 0.3 s
         inj.before_step(step, 1, step_s=0.3 if 6 <= step <= 9 else 0.1)
     assert slept == pytest.approx([0.2] * 4)
+
+
+def test_defer_s_goes_to_exception_faults_only_and_changes_no_draw() -> None:
+    kinds = faults.parse_kinds("exception,sigkill,hang")
+    plain = faults.plan(5, 42, 10, 300, 4, kinds)
+    deferred = faults.plan(5, 42, 10, 300, 4, kinds, defer_s=3.0)
+    assert [(f.step, f.rank, f.kind) for f in deferred] == [(f.step, f.rank, f.kind) for f in plain]
+    assert {f.defer_s for f in deferred if f.kind == "exception"} == {3.0}
+    assert {f.defer_s for f in deferred if f.kind != "exception"} == {0.0}
+    assert {f.defer_s for f in plain} == {0.0}
+
+
+def _attached_rank(node, job: str):  # type: ignore[no-untyped-def]
+    tg = sdk.attach(
+        job=job, rank=1, socket_path=node.local.socket_path, install_signal_handler=False
+    )
+    wait_for(lambda: any(r.job == job for r in node.local.job_ranks(job)), timeout=10)
+    return tg
+
+
+def test_a_deferred_exception_is_reported_then_raised_as_the_agents_restart_request(
+    make_node, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    tg = _attached_rank(node, "jd")
+    try:
+        plan = [faults.Fault(index=0, step=3, rank=1, kind="exception", defer_s=60.0)]
+        inj = faults.Injector(plan, tmp_path / "faults", session=tg)
+        asker = threading.Thread(
+            target=lambda: (
+                wait_for(lambda: node.kinds("exception"), timeout=20),
+                node.local.request_restart("jd", "cmd-1", "engine says in_process"),
+            )
+        )
+        asker.start()
+        with pytest.raises(sdk.RestartRequested):
+            inj.before_step(3, 1)
+        asker.join()
+        (exc,) = node.kinds("exception")
+        assert exc.data["type"] == "InjectedFault"
+        raised = wait_for(lambda: [e for e in node.kinds("restart") if e.data["phase"] == "raised"])
+        assert raised[0].data["request"] == "cmd-1"
+    finally:
+        tg.close()
+
+
+def test_a_deferred_exception_raises_itself_when_no_request_comes(make_node, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    tg = _attached_rank(node, "je")
+    try:
+        plan = [faults.Fault(index=0, step=3, rank=1, kind="exception", defer_s=0.3)]
+        with pytest.raises(faults.InjectedFault):
+            faults.Injector(plan, tmp_path / "faults", session=tg).before_step(3, 1)
+        assert [e.data["type"] for e in node.kinds("exception")] == ["InjectedFault"]
+    finally:
+        tg.close()
