@@ -15,6 +15,24 @@ Every mode gets the same fault steps and ranks; only the kind differs:
 - in_process: exception faults; NVRx's Wrapper restarts every rank in its process and the
   ranks continue from memory.
 
+The mixed plan (`MIXED_KINDS`: the same steps and ranks, the kinds drawn by the same
+random.Random(seed) with these weights: for seed 42 SIGKILL, SIGKILL, exception,
+exception, hang) compares one fixed reaction to every fault with trainguard choosing:
+
+- mixed_baseline: as baseline (no Wrapper, `--max-restarts 0`, the supervisor relaunches).
+- mixed_launcher: always a launcher restart: no Wrapper, so every fault ends its rank (a hang
+  through its peers' gloo timeout) and ft_launcher restarts the worker group.
+- mixed_nvrx: NVRx by itself, no trainguard: Wrapper and ft_launcher, each reacting to
+  the faults it sees (Wrapper: exceptions, and hangs once the peers' gloo timeout raises;
+  ft_launcher: a dead rank).
+- engine: as mixed_nvrx, plus a real `trainguard server` with its decision engine, the
+  agents posting to it over HTTP and carrying out its commands
+  (`backend/bench/recovery_engine.py`). An exception fault is reported and waits up to
+  `engine_defer_s` for trainguard's restart request before it raises
+  (`train_demo.py --fault-defer-s`), so the engine, not the Wrapper, reacts to it.
+- engine_after_nvrx: the engine mode without that wait: NVRx reacts first, the engine's
+  commands follow (and are acked with the restart NVRx already made).
+
 Measured from what the agents saw (the SDK's step reports and its "injecting fault" log):
 recovery per fault = fault -> first step completed after it (started after it), of the
 slowest rank; wasted steps = fault step - the step training resumed at; wall time = launch
@@ -30,24 +48,32 @@ import contextlib
 import json
 import os
 import platform
-import re
 import signal
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from backend.bench.recovery_analysis import analyse, fired_faults
+
 MODES = ("baseline", "launcher", "in_process")
 FAULT_KIND = {"baseline": "exception", "launcher": "sigkill", "in_process": "exception"}
-_FAULT_RE = re.compile(r"injecting fault (\d+): \S+.* on rank (\d+) at step (\d+)")
+MIXED_KINDS = "exception:0.2,hang:0.3,sigkill:0.5"
+MIXED_MODES = ("mixed_baseline", "mixed_launcher", "mixed_nvrx", "engine", "engine_after_nvrx")
+ALL_MODES = MODES + MIXED_MODES
+for _m in MIXED_MODES:
+    FAULT_KIND[_m] = "mixed"
 
 
 class Nodes:
     """Two imitated nodes: an agent (simulated GPUs) with its LocalServer each, and the
     Wrapper's store host; collects what the agents saw."""
 
-    def __init__(self, workdir: Path, count: int = 2) -> None:
+    def __init__(
+        self, workdir: Path, count: int = 2, server: str | None = None, token: str = ""
+    ) -> None:
+        """With `server`, each agent posts to that backend and runs its command executor
+        (recovery_engine.ConnectedAgent); without, the bench reads the outboxes itself."""
         from agent import demojob
         from agent.config import AgentConfig
         from agent.daemon import build_agent
@@ -60,6 +86,7 @@ class Nodes:
         self.store.start()
         self.locals: list[Any] = []
         self.agents: list[Any] = []
+        self.connected: list[Any] = []
         for i in range(count):
             cfg = AgentConfig(
                 node=f"node{i}",
@@ -67,7 +94,16 @@ class Nodes:
                 spool_dir=workdir / f"spool{i}",
                 socket_path=workdir / f"agent{i}.sock",
                 kmsg_path=None,
+                **({"server": server, "token": token} if server else {}),
             )
+            if server:
+                from backend.bench.recovery_engine import ConnectedAgent
+
+                conn = ConnectedAgent(cfg)
+                self.connected.append(conn)
+                self.agents.append(conn.agent)
+                self.locals.append(conn.local)
+                continue
             agent = build_agent(cfg)
             local = LocalServer(agent)
             local.start()
@@ -81,6 +117,10 @@ class Nodes:
         return [str(loc.socket_path) for loc in self.locals]
 
     def collect(self) -> Nodes:
+        if self.connected:  # what the uplinks drained (and sent) so far
+            self.events = [e for c in self.connected for e in list(c.outbox.sent_events)]
+            self.steps = [s for c in self.connected for s in list(c.outbox.sent_steps)]
+            return self
         for a in self.agents:
             d = a.outbox.drain(10**6, 10**6, 10**6)
             self.events += d.events
@@ -93,8 +133,12 @@ class Nodes:
                 if rec.alive:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
-        for loc in self.locals:
-            loc.stop()
+        if self.connected:  # each agent stops its own LocalServer and executor
+            for c in self.connected:
+                c.stop()
+        else:
+            for loc in self.locals:
+                loc.stop()
         self.store.stop()
 
 
@@ -150,131 +194,34 @@ def supervise(
     return {"t0": t0, "end": end, "completed": done, "error": error, "relaunches": relaunches}
 
 
-def trainguard_goodput(
-    nodes: Nodes,
-    t0: float,
-    end: float,
-    incidents: list[tuple[float, float | None]],
-    relaunches: list[float] | tuple[float, ...] = (),
-) -> dict[str, Any]:
-    """Goodput and badput as the backend accounts them (backend/analytics/goodput.py) over
-    the same step reports, checkpoint events and incidents (fault -> recovered). A full
-    relaunch restarts TORCHELASTIC_RESTART_COUNT at 0: its steps are labelled with the
-    supervisor's launch number as the attempt, so each launch is a generation of its own."""
-    from backend.analytics.goodput import CohortStep, account
+def fault_plan(mode: str, faults: int, seed: int, after_step: int, steps: int) -> list[Any]:
+    """The faults a mode's job run injects (the demo draws the same plan on every rank)."""
+    from agent import faults as faults_mod
 
-    cohort: dict[tuple[int, int, int], list[float]] = {}
-    for s in nodes.steps:
-        attempt = s.attempt + sum(1 for r in relaunches if s.start > r)
-        key = (attempt, s.iteration, s.step)
-        c = cohort.get(key)
-        if c is None:
-            cohort[key] = [s.start, s.end]
-        else:
-            c[0], c[1] = min(c[0], s.start), max(c[1], s.end)
-    steps = [CohortStep(a, i, n, v[0], v[1]) for (a, i, n), v in cohort.items()]
-    spans: dict[str, list[tuple[float, float]]] = {"save_end": [], "restore_end": []}
-    for e in nodes.events:
-        if e.kind == "checkpoint" and e.data.get("phase") in spans:
-            b = e.data.get("blocking_s")
-            if isinstance(b, int | float):
-                spans[str(e.data["phase"])].append((float(e.ts) - float(b), float(e.ts)))
-    acc = account(
-        steps,
-        job_start=t0,
-        first_step_start=min((s.start for s in steps), default=None),
-        since=t0,
-        until=end,
-        saves=spans["save_end"],
-        restores=spans["restore_end"],
-        incidents=incidents,
-        points=1,
-    )
-    return {
-        "goodput": round(acc.goodput, 4) if acc.goodput is not None else None,
-        "productive_s": round(acc.productive_s, 2),
-        "badput_s": {k: round(v, 2) for k, v in acc.badput.items()},
-        "ideal_step_s": round(acc.ideal_step_s, 4) if acc.ideal_step_s else None,
+    kinds = MIXED_KINDS if FAULT_KIND[mode] == "mixed" else FAULT_KIND[mode]
+    return faults_mod.plan(faults, seed, after_step, steps, 4, faults_mod.parse_kinds(kinds))
+
+
+def launch_kwargs(mode: str, faults: int, engine_defer_s: float = 3.0) -> dict[str, Any]:
+    """The demo job's options that make the mode (see the module docstring)."""
+    if mode not in ALL_MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
+    kw: dict[str, Any] = {
+        "fault_kinds": MIXED_KINDS if FAULT_KIND[mode] == "mixed" else FAULT_KIND[mode]
     }
-
-
-def analyse(
-    nodes: Nodes,
-    t0: float,
-    end: float,
-    world: int = 4,
-    relaunches: list[float] | tuple[float, ...] = (),
-) -> dict[str, Any]:
-    """Recovery per fault, wasted steps, productive time and efficiency from the agents'
-    records (see the module docstring for the definitions)."""
-    fired = []
-    for e in nodes.events:
-        m = _FAULT_RE.search(e.message) if e.kind == "log" else None
-        if m:
-            fired.append((float(e.ts), int(m.group(1)), int(m.group(2)), int(m.group(3))))
-    fired.sort()
-    steps = sorted(nodes.steps, key=lambda s: s.end)
-    per_fault = []
-    for ts, index, rank, fstep in fired:
-        firsts: dict[int, Any] = {}
-        for s in steps:
-            if s.start > ts and s.end > ts and s.rank not in firsts:
-                firsts[s.rank] = s
-        if len(firsts) < world:  # the job never got going again after this fault
-            per_fault.append({"index": index, "rank": rank, "step": fstep, "recovered": False})
-            continue
-        resumed = min(s.step for s in firsts.values())
-        per_fault.append(
-            {
-                "index": index,
-                "rank": rank,
-                "step": fstep,
-                "recovered": True,
-                "recovery_s": round(max(s.end for s in firsts.values()) - ts, 3),
-                "resumed_at_step": resumed,
-                "wasted_steps": max(0, fstep - resumed),
-            }
-        )
-    last: dict[tuple[int, int], Any] = {}  # (step, rank) -> its last execution
-    runs: dict[tuple[int, int], int] = {}
-    for s in steps:
-        last[(s.step, s.rank)] = s
-        runs[(s.step, s.rank)] = runs.get((s.step, s.rank), 0) + 1
-    by_step: dict[int, list[Any]] = {}
-    for (n, _r), s in last.items():
-        by_step.setdefault(n, []).append(s)
-    productive = sum(max(s.end for s in v) - min(s.start for s in v) for v in by_step.values())
-    durations = sorted(max(s.end for s in v) - min(s.start for s in v) for v in by_step.values())
-    recovered = [f["recovery_s"] for f in per_fault if f["recovered"]]
-    wall = end - t0
-    first_start = min((s.start for s in steps), default=end)
-    span = max((s.end for s in steps), default=end) - first_start
-    incidents = [
-        (ts, ts + f["recovery_s"] if f["recovered"] else None)
-        for (ts, *_), f in zip(fired, per_fault, strict=True)
-    ]
-    return {
-        "trainguard": trainguard_goodput(nodes, t0, end, incidents, relaunches),
-        "faults_fired": len(fired),
-        "faults_recovered": len(recovered),
-        "per_fault": per_fault,
-        "recovery_median_s": round(statistics.median(recovered), 3) if recovered else None,
-        "recovery_max_s": round(max(recovered), 3) if recovered else None,
-        "wasted_steps": sum(f.get("wasted_steps", 0) for f in per_fault),
-        "redone_step_executions": max(
-            (sum(c - 1 for (n, r), c in runs.items() if r == rank) for rank in range(world)),
-            default=0,
-        ),
-        "steps_done": (max(by_step) + 1) if by_step else 0,
-        "step_median_s": round(durations[len(durations) // 2], 4) if durations else None,
-        "wall_s": round(wall, 2),
-        "startup_s": round(first_start - t0, 2),
-        "productive_s": round(productive, 2),
-        "efficiency": round(productive / wall, 4) if wall > 0 else None,
-        # first step start -> last step end: start-up and shutdown left out
-        "train_span_s": round(span, 2),
-        "efficiency_span": round(productive / span, 4) if span > 0 else None,
-    }
+    if mode in ("baseline", "mixed_baseline"):
+        kw.update(max_restarts=0, extra_args=["--no-wrapper"])
+    elif mode == "mixed_launcher":
+        kw.update(max_restarts=faults + 2, extra_args=["--no-wrapper"])
+    elif mode in ("launcher", "mixed_nvrx"):
+        kw.update(max_restarts=faults + 2)
+    elif mode in ("engine", "engine_after_nvrx"):
+        # each launcher may restart once for its own rank's death and once for the
+        # engine's SIGTERM of its workers
+        kw.update(max_restarts=2 * faults + 2)
+        if mode == "engine" and engine_defer_s > 0:
+            kw.update(extra_args=["--fault-defer-s", str(engine_defer_s)])
+    return kw
 
 
 def run_mode(
@@ -288,44 +235,75 @@ def run_mode(
     step_sleep: float = 0.02,
     timeout_s: float = 300.0,
     workdir: str | os.PathLike[str] | None = None,
+    engine_defer_s: float = 3.0,
+    engine_policy: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """One mode, one job run (a fresh work directory: no checkpoints, no fired faults)."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    kw = launch_kwargs(mode, faults, engine_defer_s)
+    engine = mode in ("engine", "engine_after_nvrx")
     with tempfile.TemporaryDirectory(prefix=f"tg-recovery-{mode}-") as tmp:
         work = Path(workdir or tmp) / mode
-        nodes = Nodes(work)
-        kw: dict[str, Any] = dict(
+        backend = None
+        if engine:
+            from backend.bench.recovery_engine import Backend
+
+            backend = Backend(work / "server", engine_policy)
+        kw.update(
             job="bench",
             steps=steps,
             ckpt_every=ckpt_every,
             faults=faults,
             fault_seed=seed,
             fault_after_step=after_step,
-            fault_kinds=FAULT_KIND[mode],
             step_sleep=step_sleep,
         )
-        if mode == "baseline":
-            kw.update(max_restarts=0, extra_args=["--no-wrapper"])
-        elif mode == "launcher":
-            kw.update(max_restarts=faults + 2)
+        nodes = None
         try:
-            sup = supervise(nodes, kw, relaunch=(mode == "baseline"), timeout_s=timeout_s)
+            nodes = Nodes(work, server=backend.url, token=backend.token) if backend else Nodes(work)
+            relaunch = mode in ("baseline", "mixed_baseline")
+            sup = supervise(nodes, kw, relaunch=relaunch, timeout_s=timeout_s)
+            incidents = None
+            if backend is not None:
+                incidents = backend.settle("bench")  # the agents still ack the last restart
+                for c in nodes.connected:
+                    c.stop()  # their uplinks send what is left
+                nodes.collect()
+                incidents = backend.incidents("bench")
             out = analyse(nodes, sup["t0"], sup["end"], relaunches=sup["relaunches"])
+            plan = fault_plan(mode, faults, seed, after_step, steps)
             out.update(
                 mode=mode,
                 fault_kind=FAULT_KIND[mode],
+                plan=[f.describe() for f in plan],
                 completed=sup["completed"],
                 error=sup["error"],
                 relaunches=len(sup["relaunches"]),
                 attempts=len({s.attempt for s in nodes.steps}),
                 iterations=len({(s.attempt, s.iteration) for s in nodes.steps}),
             )
+            if incidents is not None:
+                out["engine"] = engine_report(nodes, plan, incidents)
+                out["engine"]["defer_s"] = engine_defer_s if mode == "engine" else 0.0
+                out["engine"]["policy"] = Path(backend.policy).read_text() if backend else None
+                out["engine"]["incidents"] = incidents  # the backend's own record, for review
             if sup["error"]:
                 out["log_tail"] = logs_tail(work)
             return out
         finally:
-            nodes.close()
+            if nodes is not None:
+                nodes.close()
+            if backend is not None:
+                backend.stop()
+
+
+def engine_report(nodes: Nodes, plan: list[Any], incidents: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per fault: the levels the engine chose and who carried them out (recovery_engine)."""
+    from backend.bench.recovery_engine import decisions_per_fault, raised_requests
+
+    fired = fired_faults(nodes.events)
+    return decisions_per_fault(
+        fired, {f.index: f.kind for f in plan}, incidents, raised_requests(nodes.events)
+    )
 
 
 def run(
@@ -338,12 +316,20 @@ def run(
     step_sleep: float = 0.02,
     timeout_s: float = 300.0,
     workdir: str | None = None,
+    engine_defer_s: float = 3.0,
+    engine_policy: str | None = None,
 ) -> dict[str, Any]:
-    """Each mode in its own job run, in order; ratios to the baseline when it ran."""
+    """Each mode in its own job run, in order; ratios to the baseline of the same fault
+    plan (baseline for the single-kind modes, mixed_baseline for the mixed ones) when it
+    ran."""
     import torch
 
-    results = {}
     for mode in modes:
+        launch_kwargs(mode, faults)  # an unknown mode fails before any run
+    results = {}
+    load: dict[str, tuple[float, ...]] = {}
+    for mode in modes:
+        load[mode] = os.getloadavg()
         results[mode] = run_mode(
             mode,
             faults=faults,
@@ -354,25 +340,29 @@ def run(
             step_sleep=step_sleep,
             timeout_s=timeout_s,
             workdir=workdir,
+            engine_defer_s=engine_defer_s,
+            engine_policy=engine_policy,
         )
-    base = results.get("baseline")
-    if base:
-        for r in results.values():
-            r["vs_baseline"] = {
-                k: (round(r[k] / base[k], 3) if r.get(k) and base.get(k) else None)
-                for k in (
-                    "recovery_median_s",
-                    "recovery_max_s",
-                    "wall_s",
-                    "efficiency",
-                    "efficiency_span",
-                )
-            }
-            r["vs_baseline"]["goodput"] = (
-                round(r["trainguard"]["goodput"] / base["trainguard"]["goodput"], 3)
-                if r["trainguard"]["goodput"] and base["trainguard"]["goodput"]
-                else None
+        results[mode]["load_avg_start"] = load[mode]
+    for mode, r in results.items():
+        base = results.get("mixed_baseline" if FAULT_KIND[mode] == "mixed" else "baseline")
+        if not base:
+            continue
+        r["vs_baseline"] = {
+            k: (round(r[k] / base[k], 3) if r.get(k) and base.get(k) else None)
+            for k in (
+                "recovery_median_s",
+                "recovery_max_s",
+                "wall_s",
+                "efficiency",
+                "efficiency_span",
             )
+        }
+        r["vs_baseline"]["goodput"] = (
+            round(r["trainguard"]["goodput"] / base["trainguard"]["goodput"], 3)
+            if r["trainguard"]["goodput"] and base["trainguard"]["goodput"]
+            else None
+        )
     try:
         import nvidia_resiliency_ext as nvrx
 
@@ -396,6 +386,9 @@ def run(
             "step_sleep": step_sleep,
             "world": 4,
             "launchers": 2,
+            "mixed_kinds": MIXED_KINDS,
+            "engine_defer_s": engine_defer_s,
+            "engine_policy": engine_policy or "backend/bench/recovery_engine.py BENCH_POLICY",
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -426,12 +419,22 @@ def table(result: dict[str, Any]) -> str:
             f"| {r['trainguard']['goodput']} "
             f"| {vb.get('recovery_median_s')}, {vb.get('wall_s')}, {vb.get('goodput')} |"
         )
+    for mode, r in result["modes"].items():
+        if r.get("engine"):
+            from backend.bench.recovery_engine import decisions_table
+
+            rows += [
+                "",
+                f"{mode}: what the engine chose per fault",
+                "",
+                decisions_table(r["engine"]),
+            ]
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(MODES), help=f"of {','.join(ALL_MODES)}")
     p.add_argument("--faults", type=int, default=5)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--after-step", type=int, default=10)
@@ -440,6 +443,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--step-sleep", type=float, default=0.02)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per mode")
     p.add_argument("--json", default=None, help="write the result here")
+    p.add_argument(
+        "--engine-defer-s",
+        type=float,
+        default=3.0,
+        help="engine mode: an exception fault waits this long for trainguard's request",
+    )
+    p.add_argument("--engine-policy", default=None, help="engine modes: a policy TOML file")
+    p.add_argument("--workdir", default=None, help="keep each run's files here")
     a = p.parse_args(argv)
     res = run(
         modes=tuple(m for m in a.modes.split(",") if m),
@@ -450,6 +461,9 @@ def main(argv: list[str] | None = None) -> None:
         ckpt_every=a.ckpt_every,
         step_sleep=a.step_sleep,
         timeout_s=a.timeout,
+        engine_defer_s=a.engine_defer_s,
+        engine_policy=a.engine_policy,
+        workdir=a.workdir,
     )
     print(table(res))
     if a.json:

@@ -1,0 +1,144 @@
+"""What the recovery bench measures, from the records the agents collected
+(`backend/bench/recovery.py` runs the jobs; the definitions are in its docstring): recovery
+per fault, wasted steps, productive time and efficiency, and trainguard's own goodput
+accounting over the same records."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Any
+
+_FAULT_RE = re.compile(r"injecting fault (\d+): \S+.* on rank (\d+) at step (\d+)")
+
+
+def trainguard_goodput(
+    nodes: Any,
+    t0: float,
+    end: float,
+    incidents: list[tuple[float, float | None]],
+    relaunches: list[float] | tuple[float, ...] = (),
+) -> dict[str, Any]:
+    """Goodput and badput as the backend accounts them (backend/analytics/goodput.py) over
+    the same step reports, checkpoint events and incidents (fault -> recovered). A full
+    relaunch restarts TORCHELASTIC_RESTART_COUNT at 0: its steps are labelled with the
+    supervisor's launch number as the attempt, so each launch is a generation of its own."""
+    from backend.analytics.goodput import CohortStep, account
+
+    cohort: dict[tuple[int, int, int], list[float]] = {}
+    for s in nodes.steps:
+        attempt = s.attempt + sum(1 for r in relaunches if s.start > r)
+        key = (attempt, s.iteration, s.step)
+        c = cohort.get(key)
+        if c is None:
+            cohort[key] = [s.start, s.end]
+        else:
+            c[0], c[1] = min(c[0], s.start), max(c[1], s.end)
+    steps = [CohortStep(a, i, n, v[0], v[1]) for (a, i, n), v in cohort.items()]
+    spans: dict[str, list[tuple[float, float]]] = {"save_end": [], "restore_end": []}
+    for e in nodes.events:
+        if e.kind == "checkpoint" and e.data.get("phase") in spans:
+            b = e.data.get("blocking_s")
+            if isinstance(b, int | float):
+                spans[str(e.data["phase"])].append((float(e.ts) - float(b), float(e.ts)))
+    acc = account(
+        steps,
+        job_start=t0,
+        first_step_start=min((s.start for s in steps), default=None),
+        since=t0,
+        until=end,
+        saves=spans["save_end"],
+        restores=spans["restore_end"],
+        incidents=incidents,
+        points=1,
+    )
+    return {
+        "goodput": round(acc.goodput, 4) if acc.goodput is not None else None,
+        "productive_s": round(acc.productive_s, 2),
+        "badput_s": {k: round(v, 2) for k, v in acc.badput.items()},
+        "ideal_step_s": round(acc.ideal_step_s, 4) if acc.ideal_step_s else None,
+    }
+
+
+def fired_faults(events: list[Any]) -> list[tuple[float, int, int, int]]:
+    """(ts, index, rank, step) of each fault, from the SDK's "injecting fault" log."""
+    fired = []
+    for e in events:
+        m = _FAULT_RE.search(e.message) if e.kind == "log" else None
+        if m:
+            fired.append((float(e.ts), int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    return sorted(fired)
+
+
+def analyse(
+    nodes: Any,
+    t0: float,
+    end: float,
+    world: int = 4,
+    relaunches: list[float] | tuple[float, ...] = (),
+) -> dict[str, Any]:
+    """Recovery per fault, wasted steps, productive time and efficiency from the agents'
+    records (see the module docstring for the definitions)."""
+    fired = fired_faults(nodes.events)
+    steps = sorted(nodes.steps, key=lambda s: s.end)
+    per_fault = []
+    for ts, index, rank, fstep in fired:
+        firsts: dict[int, Any] = {}
+        for s in steps:
+            if s.start > ts and s.end > ts and s.rank not in firsts:
+                firsts[s.rank] = s
+        if len(firsts) < world:  # the job never got going again after this fault
+            per_fault.append({"index": index, "rank": rank, "step": fstep, "recovered": False})
+            continue
+        resumed = min(s.step for s in firsts.values())
+        per_fault.append(
+            {
+                "index": index,
+                "rank": rank,
+                "step": fstep,
+                "recovered": True,
+                "recovery_s": round(max(s.end for s in firsts.values()) - ts, 3),
+                "resumed_at_step": resumed,
+                "wasted_steps": max(0, fstep - resumed),
+            }
+        )
+    last: dict[tuple[int, int], Any] = {}  # (step, rank) -> its last execution
+    runs: dict[tuple[int, int], int] = {}
+    for s in steps:
+        last[(s.step, s.rank)] = s
+        runs[(s.step, s.rank)] = runs.get((s.step, s.rank), 0) + 1
+    by_step: dict[int, list[Any]] = {}
+    for (n, _r), s in last.items():
+        by_step.setdefault(n, []).append(s)
+    productive = sum(max(s.end for s in v) - min(s.start for s in v) for v in by_step.values())
+    durations = sorted(max(s.end for s in v) - min(s.start for s in v) for v in by_step.values())
+    recovered = [f["recovery_s"] for f in per_fault if f["recovered"]]
+    wall = end - t0
+    first_start = min((s.start for s in steps), default=end)
+    span = max((s.end for s in steps), default=end) - first_start
+    incidents = [
+        (ts, ts + f["recovery_s"] if f["recovered"] else None)
+        for (ts, *_), f in zip(fired, per_fault, strict=True)
+    ]
+    return {
+        "trainguard": trainguard_goodput(nodes, t0, end, incidents, relaunches),
+        "faults_fired": len(fired),
+        "faults_recovered": len(recovered),
+        "per_fault": per_fault,
+        "recovery_median_s": round(statistics.median(recovered), 3) if recovered else None,
+        "recovery_max_s": round(max(recovered), 3) if recovered else None,
+        "wasted_steps": sum(f.get("wasted_steps", 0) for f in per_fault),
+        "redone_step_executions": max(
+            (sum(c - 1 for (n, r), c in runs.items() if r == rank) for rank in range(world)),
+            default=0,
+        ),
+        "steps_done": (max(by_step) + 1) if by_step else 0,
+        "step_median_s": round(durations[len(durations) // 2], 4) if durations else None,
+        "wall_s": round(wall, 2),
+        "startup_s": round(first_start - t0, 2),
+        "productive_s": round(productive, 2),
+        "efficiency": round(productive / wall, 4) if wall > 0 else None,
+        # first step start -> last step end: start-up and shutdown left out
+        "train_span_s": round(span, 2),
+        "efficiency_span": round(productive / span, 4) if span > 0 else None,
+    }

@@ -1,0 +1,142 @@
+"""The recovery bench's mode set-up and its reading of the engine's incidents (pure
+functions; the timed runs are `trainguard bench recovery`, docs/benchmarks-recovery.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from backend.bench import recovery
+from backend.bench.recovery_engine import decisions_per_fault, decisions_table, who_reacted
+
+T = 1_800_000_000.0
+
+
+def test_the_mixed_plan_keeps_the_steps_and_ranks_and_mixes_the_kinds() -> None:
+    single = recovery.fault_plan("baseline", 5, 42, 10, 300)
+    plans = {m: recovery.fault_plan(m, 5, 42, 10, 300) for m in recovery.MIXED_MODES}
+    mixed = plans["engine"]
+    assert all(p == mixed for p in plans.values())  # identical across the compared runs
+    assert [(f.step, f.rank) for f in mixed] == [(f.step, f.rank) for f in single]
+    assert [f.kind for f in mixed] == ["sigkill", "sigkill", "exception", "exception", "hang"]
+
+
+def test_only_the_engine_mode_defers_exceptions_to_trainguard() -> None:
+    kw = {m: recovery.launch_kwargs(m, 5) for m in recovery.ALL_MODES}
+    assert kw["engine"]["extra_args"] == ["--fault-defer-s", "3.0"]
+    assert "extra_args" not in kw["engine_after_nvrx"]
+    assert "extra_args" not in kw["mixed_nvrx"]
+    # the fixed modes: no Wrapper, so nothing restarts in process
+    assert kw["mixed_baseline"] == {**kw["baseline"], "fault_kinds": recovery.MIXED_KINDS}
+    assert kw["mixed_launcher"]["extra_args"] == ["--no-wrapper"]
+    assert kw["mixed_launcher"]["max_restarts"] == 7
+    # the single-kind modes as they were measured
+    assert kw["launcher"] == {"fault_kinds": "sigkill", "max_restarts": 7}
+    assert kw["in_process"] == {"fault_kinds": "exception"}
+    assert recovery.launch_kwargs("engine", 5, engine_defer_s=0).get("extra_args") is None
+    with pytest.raises(ValueError, match="unknown mode"):
+        recovery.launch_kwargs("always_in_process", 5)
+
+
+def _cmd(cid: str, node: str, action: str, issued: float, *acks: tuple[str, float, str]) -> Any:
+    return {
+        "id": cid,
+        "node": node,
+        "action": action,
+        "issued_at": issued,
+        "acks": [{"phase": p, "ts": ts, "detail": d} for p, ts, d in acks],
+    }
+
+
+def _incident(iid: int, fault_at: float, decisions: list[str], commands: list[Any], **kw: Any):  # type: ignore[no-untyped-def]
+    tl = {
+        "fault_at": fault_at,
+        "detected_at": fault_at + 0.02,
+        "decided_at": fault_at + 0.05,
+        "delivered_at": fault_at + 0.08,
+        "torn_down_at": None,
+        "restarted_at": None,
+        "resumed_at": kw.pop("resumed_at", None),
+    }
+    return {
+        "id": iid,
+        "cause": kw.pop("cause", "exception"),
+        "level": decisions[-1],
+        "status": kw.pop("status", "resolved"),
+        "outcome": "resumed",
+        "escalations": len(decisions) - 1,
+        "timeline": tl,
+        "decisions": [{"level": lv} for lv in decisions],
+        "commands": commands,
+        "evidence": kw.pop("evidence", []),
+    }
+
+
+def test_each_incident_is_read_as_the_levels_chosen_for_its_fault_and_who_restarted() -> None:
+    fired = [(T + 10, 0, 1, 22), (T + 40, 1, 3, 124), (T + 50, 2, 2, 135)]
+    kinds = {0: "sigkill", 1: "exception", 2: "exception"}
+    incidents = [
+        _incident(  # a SIGKILL: the launcher had ended the workers before the command came
+            1,
+            T + 10.01,
+            ["launcher", "exclude_node", "stop_job"],
+            [
+                _cmd("a", "node0", "launcher", T + 10.3, ("failed", T + 10.6, "no live rank")),
+                _cmd("b", "node1", "launcher", T + 10.3, ("failed", T + 10.7, "no live rank")),
+            ],
+            cause="rank_exit",
+            status="stopped",
+            evidence=[{"kind": "rank_exit", "ts": T + 10.01}],
+        ),
+        _incident(
+            2,
+            T + 40.002,
+            ["in_process"],
+            [_cmd("c", "node1", "in_process", T + 40.05, ("torn_down", T + 40.1, ""))],
+            resumed_at=T + 41.5,
+        ),
+        _incident(
+            3,
+            T + 50.003,
+            ["in_process"],
+            [
+                _cmd(
+                    "d",
+                    "node0",
+                    "in_process",
+                    T + 50.9,
+                    ("torn_down", T + 50.2, "already restarted in process (iteration 2)"),
+                )
+            ],
+        ),
+        _incident(4, T + 5, ["in_process"], []),  # evidence before any fault
+    ]
+    rep = decisions_per_fault(fired, kinds, incidents, raised={"c"})
+    f0, f1, f2 = rep["faults"]
+    assert f0["incidents"][0]["levels"] == ["launcher", "exclude_node", "stop_job"]
+    assert f0["incidents"][0]["who"].startswith("ft_launcher by itself")
+    assert f1["incidents"][0]["who"].startswith("engine:")
+    assert f1["incidents"][0]["resumed_s"] == 1.5
+    assert f1["incidents"][0]["decide_ms"] == 30.0
+    assert f2["incidents"][0]["who"].startswith("NVRx Wrapper by itself")
+    assert rep["unmatched_incidents"] == [{"id": 4, "cause": "exception", "level": "in_process"}]
+    text = decisions_table(rep)
+    assert "launcher -> exclude_node -> stop_job (stopped)" in text
+    assert "no fault (incident 4" in text
+
+
+def test_a_launcher_command_without_a_death_before_it_is_the_engines_restart() -> None:
+    inc = _incident(
+        1,
+        T,
+        ["in_process", "launcher"],
+        [
+            _cmd("a", "node0", "in_process", T + 0.1, ("failed", T + 60, "no rank raised")),
+            _cmd("b", "node0", "launcher", T + 1.0, ("torn_down", T + 1.2, "ended 2 worker(s)")),
+        ],
+        evidence=[{"kind": "hang", "ts": T}, {"kind": "rank_exit", "ts": T + 1.1}],
+    )
+    assert who_reacted(inc, raised=set()) == (
+        "engine: its launcher command ended the workers; its SIGTERM ended 2 worker(s) on node0"
+    )
