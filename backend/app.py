@@ -31,6 +31,7 @@ from backend.commands.router import router as commands_router
 from backend.engine.engine import DecisionEngine
 from backend.engine.policy import load_policy
 from backend.engine.router import router as engine_router
+from backend.ingest.router import IngestFastPath
 from backend.ingest.router import router as ingest_router
 from backend.ingest.writer import IngestWriter, Stored
 from backend.jobs.router import router as jobs_router
@@ -230,6 +231,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.analytics = analytics_monitor
     app.state.straggler_config = analytics_monitor.cfg
     errors.install(app)
+    # Agents' batches skip FastAPI's routing and dependency solving (same handler).
+    app.add_middleware(IngestFastPath)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

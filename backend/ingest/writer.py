@@ -13,6 +13,7 @@ are stored.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -31,7 +32,6 @@ from sqlalchemy import (
     Integer,
     insert,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -145,6 +145,7 @@ class IngestWriter:
         self._node_ids: dict[str, int] = {}
         self._gpu_ids: dict[str, int] = {}
         self._job_ids: dict[str, int] = {}
+        self._conn: Connection | None = None
         self.stats = {"batches": 0, "duplicates": 0, "samples": 0, "transactions": 0, "failed": 0}
 
     def start(self) -> None:
@@ -154,6 +155,8 @@ class IngestWriter:
         """Drain what is queued, then end the thread."""
         self._q.put(None)
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._drop_connection()
 
     def submit(self, batch: Batch, received_at: float) -> Future[IngestResult]:
         item = _Item(batch, received_at)
@@ -191,14 +194,54 @@ class IngestWriter:
                 urgent = urgent or bool(item.batch.events)
             self._store_group(group)
 
+    def _connection(self) -> Connection:
+        """The writer's own connection, kept between transactions: a pool checkout pings
+        the database first (pool_pre_ping), one round trip per group for nothing."""
+        if self._conn is None or self._conn.closed or self._conn.invalidated:
+            self._conn = self.engine.connect()
+        return self._conn
+
+    def _forget_ids(self) -> None:
+        """After a failed transaction: ids cached inside it may have been rolled back."""
+        self._node_ids.clear()
+        self._gpu_ids.clear()
+        self._job_ids.clear()
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.invalidate()
+                self._conn.close()
+            self._conn = None
+
+    def _transaction(self, group: list[_Item]) -> tuple[list[IngestResult], Stored]:
+        reused = self._conn is not None
+        try:
+            conn = self._connection()
+            with conn.begin():
+                return self._store(conn, group)
+        except Exception as exc:
+            if not _unreachable(exc):
+                raise  # rolled back; the connection itself is fine
+            self._drop_connection()
+            if not reused:
+                raise
+        # The kept connection went stale (a database restart, an idle timeout): what the
+        # pool's ping would have caught. Once more on a fresh one, forgetting the ids
+        # the rolled-back attempt may have cached.
+        self._forget_ids()
+        log.info("ingest writer: reconnecting to the database")
+        conn = self._connection()
+        with conn.begin():
+            return self._store(conn, group)
+
     def _store_group(self, group: list[_Item]) -> None:
         try:
-            with self.engine.begin() as conn:
-                results, stored = self._store(conn, group)
+            results, stored = self._transaction(group)
         except Exception as exc:
-            self._node_ids.clear()
-            self._gpu_ids.clear()
-            self._job_ids.clear()
+            if _unreachable(exc):
+                self._drop_connection()
+            self._forget_ids()
             if len(group) > 1 and not _unreachable(exc):
                 # Something in one batch, not the database: store each batch on its own so
                 # the others are not refused (or retried forever) along with it.
@@ -237,21 +280,35 @@ class IngestWriter:
         node_ids = self._resolve_nodes(
             conn, {it.batch.node for it in group}, min(it.received_at for it in group)
         )
-        # Dedup: batches already stored, and the same batch twice in this group.
         keys = [(node_ids[it.batch.node], it.batch.agent_id, it.batch.seq) for it in group]
-        existing = set(
-            conn.execute(
-                select(IngestBatch.node_id, IngestBatch.agent_id, IngestBatch.seq).where(
-                    tuple_(IngestBatch.node_id, IngestBatch.agent_id, IngestBatch.seq).in_(keys)
-                )
-            ).all()
-        )
+        # Dedup: the same batch twice in this group, then batches already stored: the
+        # insert of the batch keys skips those (ON CONFLICT DO NOTHING) and returns the
+        # keys it did insert, one round trip for both.
+        first: dict[tuple[int, str, int], _Item] = {}
+        for it, key in zip(group, keys, strict=True):
+            first.setdefault(key, it)
+        inserted: set[tuple[int, str, int]] = set()
+        if first:
+            stmt = (
+                self._insert_ignore(IngestBatch)
+                .on_conflict_do_nothing()
+                .returning(IngestBatch.node_id, IngestBatch.agent_id, IngestBatch.seq)
+            )
+            rows = [
+                {
+                    "node_id": key[0],
+                    "agent_id": key[1],
+                    "seq": key[2],
+                    "received_at": it.received_at,
+                    "samples": len(it.batch.samples),
+                }
+                for key, it in first.items()
+            ]
+            inserted = {tuple(r) for r in conn.execute(stmt, rows).all()}  # type: ignore[misc]
         fresh: list[tuple[_Item, int]] = []
-        seen: set[tuple[int, str, int]] = set()
         dup_flags = []
         for it, key in zip(group, keys, strict=True):
-            dup = key in existing or key in seen
-            seen.add(key)
+            dup = key not in inserted or first[key] is not it
             dup_flags.append(dup)
             if not dup:
                 fresh.append((it, key[0]))
@@ -260,19 +317,6 @@ class IngestWriter:
         stored = Stored(batches=[], events=[])
         counts: dict[int, tuple[int, int, int]] = {}
         if fresh:
-            conn.execute(
-                insert(IngestBatch),
-                [
-                    {
-                        "node_id": nid,
-                        "agent_id": it.batch.agent_id,
-                        "seq": it.batch.seq,
-                        "received_at": it.received_at,
-                        "samples": len(it.batch.samples),
-                    }
-                    for it, nid in fresh
-                ],
-            )
             self._update_nodes(conn, fresh)
             self._upsert_gpus(conn, fresh)
             n_samples = self._insert_samples(conn, fresh)
