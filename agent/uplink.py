@@ -1,10 +1,12 @@
 """The uplink: drains the outbox into batches and POSTs them to the backend.
 
-One thread ticks every `interval` on a monotonic clock without drift, or at once when an
-urgent event arrives. Batches are numbered (agent_id, seq) so the backend can drop
-duplicates. While the backend is unreachable (connection error, 408/429/5xx, bad token)
-batches go to the on-disk spool and are replayed oldest first when it answers again,
-after exponential backoff with full jitter. Any other 4xx refuses that batch for good:
+One thread ticks every `interval` on a monotonic clock without drift (or every
+`batch_interval_s` when the backend's answers ask for fewer, larger batches: a large
+cluster's backend paces its agents), or at once when an urgent event arrives. Batches are
+numbered (agent_id, seq) so the backend can drop duplicates. While the backend is
+unreachable (connection error, 408/429/5xx, bad token) batches go to the on-disk spool and
+are replayed oldest first when it answers again, after exponential backoff with full
+jitter. Any other 4xx refuses that batch for good:
 it is logged once with the server's message and dropped.
 """
 
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 INGEST_PATH = "/api/v1/ingest"
 HEARTBEAT_S = 10.0  # an empty batch when nothing was sent for this long
 MIN_URGENT_GAP_S = 0.02  # urgent ticks no closer than this (a flood of urgent events)
+MAX_SERVER_INTERVAL_S = 60.0  # a backend's batch_interval_s is capped here
 
 
 def agent_version() -> str:
@@ -183,6 +186,7 @@ class Uplink:
         self._attempt = 0
         self._retry_at = 0.0
         self._last_batch_mono = float("-inf")
+        self._server_interval = 0.0  # the backend's pace (batch_interval_s), once told
         self._logged: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -227,8 +231,12 @@ class Uplink:
     def stats(self) -> UplinkStats:
         return replace(self._stats, backlog=len(self.spool))
 
+    def batch_interval(self) -> float:
+        """Seconds between regular batches: the sampling interval, or the backend's pace
+        when it asks for fewer, larger batches (`batch_interval_s` in its answers)."""
+        return max(self.config.interval, self._server_interval)
+
     def _run(self) -> None:
-        interval = self.config.interval
         next_t = self.monotonic()
         try:
             while not self._stop.is_set():
@@ -237,7 +245,7 @@ class Uplink:
                     if self._stop.is_set():
                         break
                 else:
-                    next_t += interval
+                    next_t += self.batch_interval()
                     next_t = max(next_t, self.monotonic())  # after a long replay: no burst
                 try:
                     self.tick()
@@ -415,6 +423,9 @@ class Uplink:
         received = result.get("received_at") if isinstance(result, dict) else None
         if isinstance(result, dict):
             st.duplicates += bool(result.get("duplicate"))
+            pace = result.get("batch_interval_s")
+            if isinstance(pace, int | float) and not isinstance(pace, bool):
+                self._server_interval = min(max(float(pace), 0.0), MAX_SERVER_INTERVAL_S)
         if isinstance(received, int | float):
             self._clock_offset(float(received) - mid)
         elif "date" in resp.headers:  # 1 s resolution: a hint only

@@ -169,6 +169,10 @@ class IngestResult(msgspec.Struct):
     stored_events: int
     stored_steps: int
     received_at: float
+    # The backend's pace for this agent: send batches no more often than this (samples
+    # are still taken at the agent's own interval; urgent events still go at once).
+    # Absent from older backends.
+    batch_interval_s: float | None = None
 
 
 # --- commands: backend -> agent, over the agent's own connection -------------------------

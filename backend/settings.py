@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     node_down_after_s: float = 15.0
     # Ingest limits.
     max_body_bytes: int = 8 * 1024 * 1024
+    # Agents send one batch per this many seconds (told in every ingest answer); their
+    # samples keep their own interval (1 s). Per-request cost bounds one backend process
+    # at about 1,000 batches/s on a 2-core machine (docs/benchmarks.md): a 2,048-node
+    # cluster on one process wants 4 s. Must stay under half of node_down_after_s.
+    agent_batch_interval_s: float = 1.0
     # How long a GPU's raw samples are kept (the benchmarks issue adds rollups beyond it).
     raw_retention_s: float = 6 * 3600
     # Then 60 s rollups for a week, 900 s rollups for 90 days (backend/retention.py).
@@ -129,6 +134,16 @@ class Settings(BaseSettings):
         if v <= 0:
             raise ValueError("must be > 0")
         return v
+
+    @model_validator(mode="after")
+    def _batches_beat_health(self) -> Settings:
+        if not 0 < self.agent_batch_interval_s <= self.node_down_after_s / 2:
+            raise ValueError(
+                f"agent_batch_interval_s must be > 0 and at most half of node_down_after_s "
+                f"({self.node_down_after_s / 2:g} s), or healthy nodes would show as "
+                f"degraded; got {self.agent_batch_interval_s:g}"
+            )
+        return self
 
     @field_validator("policy_file", mode="before")
     @classmethod

@@ -96,6 +96,7 @@ async def handle(request: Request) -> Response:
         raise HTTPException(
             503, "database unavailable, retry later", headers={"Retry-After": "2"}
         ) from None
+    result.batch_interval_s = request.app.state.settings.agent_batch_interval_s
     return Response(wire.encode(result), media_type="application/json")
 
 

@@ -31,6 +31,7 @@ class Backend:
         self.batches: list[Batch] = []
         self.requests: list[httpx.Request] = []
         self.received_at = T0 + 3.0
+        self.pace: object = None  # batch_interval_s in the answer, when set
         self._lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -61,6 +62,7 @@ class Backend:
                 "stored_events": len(b.events),
                 "stored_steps": len(b.steps),
                 "received_at": self.received_at,
+                **({} if self.pace is None else {"batch_interval_s": self.pace}),
             },
         )
 
@@ -312,3 +314,41 @@ def test_stop_flushes_the_outbox_once_and_spools_what_cannot_go(tmp_path: Path):
     up2.start()
     up2.stop()
     assert len(up2.spool) == 1 and len(list(tmp_path.glob("*.batch"))) == 1
+
+
+def test_the_backends_pace_sets_the_batch_interval_within_bounds(tmp_path: Path):
+    backend = Backend()
+    up, _ = uplink(tmp_path, backend, interval=1.0)
+    up.tick()
+    assert up.batch_interval() == 1.0  # an answer without a pace: the sampling interval
+    for pace, expected in ((4.0, 4.0), (0.2, 1.0), (1e9, 60.0), (True, 60.0), ("9", 60.0)):
+        backend.pace = pace
+        up.outbox.put_samples(samples(1))
+        up.tick()
+        assert up.batch_interval() == expected, pace  # a bool or a string changes nothing
+
+
+def test_a_paced_uplink_sends_fewer_larger_batches_and_loses_no_sample(tmp_path: Path, wait_for):
+    """Sampling every 20 ms, told to batch every 0.5 s: the samples arrive in a few
+    batches; the same uplink without a pace, in the same run, sends many more."""
+
+    def run(pace: float | None, where: Path) -> tuple[int, int]:
+        backend = Backend()
+        backend.pace = pace
+        outbox = Outbox()
+        up = Uplink(config(where, interval=0.02), outbox, transport=httpx.MockTransport(backend))
+        up.start()
+        try:
+            wait_for(lambda: backend.batches, what="the first batch")
+            for i in range(60):
+                outbox.put_samples(samples(1, T0 + i))
+                time.sleep(0.02)
+        finally:
+            up.stop()
+        got = sum(len(b.samples) for b in backend.batches)
+        return len(backend.batches), got
+
+    paced, paced_samples = run(0.5, tmp_path / "a")
+    free, free_samples = run(None, tmp_path / "b")
+    assert paced_samples == free_samples == 60
+    assert paced * 3 < free, (paced, free)

@@ -131,3 +131,46 @@ def test_concurrent_batches_from_many_nodes_are_all_stored_exactly_once(
     assert errors == []
     assert count(db_url, IngestBatch) == nodes * per_node
     assert count(db_url, Sample) == nodes * per_node * 8
+
+
+def test_the_answer_paces_agents_with_the_configured_batch_interval(make_client: Any) -> None:
+    client = make_client(agent_batch_interval_s=4.0)
+    r = client.post("/api/v1/ingest", content=make_batch(1))
+    assert r.status_code == 200 and r.json()["batch_interval_s"] == 4.0
+
+
+def test_a_batch_interval_that_would_mark_healthy_nodes_degraded_is_refused() -> None:
+    import pydantic
+
+    from backend.settings import Settings
+
+    assert Settings(agent_batch_interval_s=7.5, node_down_after_s=15).agent_batch_interval_s == 7.5
+    try:
+        Settings(agent_batch_interval_s=8, node_down_after_s=15)
+    except pydantic.ValidationError as exc:
+        assert "at most half of node_down_after_s (7.5 s)" in str(exc)
+    else:
+        raise AssertionError("a batch interval over half the down threshold was accepted")
+
+
+def test_the_writer_reconnects_when_its_kept_connection_is_killed(client: Any, db_url: str) -> None:
+    """The writer keeps one connection between transactions (no ping per group): when the
+    database drops it, the next batch still gets a 200 on a fresh connection."""
+    if not db_url.startswith("postgresql"):
+        import pytest
+
+        pytest.skip("killing one server-side connection needs PostgreSQL")
+    from sqlalchemy import text
+
+    assert client.post("/api/v1/ingest", content=make_batch(1)).status_code == 200
+    writer = client.app.state.writer
+    pid = writer._conn.connection.driver_connection.info.backend_pid
+    admin = create_engine(db_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar_one()
+    admin.dispose()
+    r = client.post("/api/v1/ingest", content=make_batch(2))
+    assert r.status_code == 200, r.text
+    assert r.json()["stored_samples"] == 8
+    assert writer._conn.connection.driver_connection.info.backend_pid != pid
+    assert count(db_url, Sample) == 16
