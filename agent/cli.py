@@ -205,7 +205,11 @@ def bench_ingest(
     nodes: Annotated[int, typer.Option(min=1, help="simulated nodes")] = 256,
     gpus: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node")] = 8,
     duration: Annotated[float, typer.Option(min=1, help="seconds of load")] = 30,
-    period: Annotated[float, typer.Option(min=0.01, help="seconds between a node's batches")] = 1,
+    period: Annotated[float, typer.Option(min=0.01, help="seconds between a GPU's samples")] = 1,
+    batch_interval: Annotated[
+        float | None,
+        typer.Option(min=0.01, help="seconds between a node's batches (default: --period)"),
+    ] = None,
     workers: Annotated[int, typer.Option(min=1, max=64, help="load generator processes")] = 1,
     database_url: DbUrlOpt = None,
     data_dir: Annotated[Path, typer.Option()] = Path("data/bench"),
@@ -216,7 +220,18 @@ def bench_ingest(
     from backend.bench.ingest import run
 
     _print_report(
-        run(nodes, gpus, duration, period, workers, database_url, data_dir, port, json_out)
+        run(
+            nodes,
+            gpus,
+            duration,
+            period,
+            workers,
+            database_url,
+            data_dir,
+            port,
+            json_out,
+            batch_interval=batch_interval,
+        )
     )
 
 
@@ -268,21 +283,25 @@ def bench_decision(
 
 @bench_app.command("recovery")
 def bench_recovery(
-    modes: Annotated[str, typer.Option(help="comma-separated: baseline,launcher,in_process")] = (
-        "baseline,launcher,in_process"
-    ),
+    modes: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated: baseline,launcher,in_process (one fault kind each); "
+            "mixed_baseline,mixed_launcher,mixed_nvrx,engine,engine_after_nvrx (mixed kinds)"
+        ),
+    ] = "baseline,launcher,in_process",
     faults: Annotated[int, typer.Option(min=1, max=50)] = 5,
     seed: Annotated[int, typer.Option()] = 42,
     after_step: Annotated[int, typer.Option(min=1)] = 10,
     steps: Annotated[int, typer.Option(min=20)] = 300,
 ) -> None:
     """The AWS NVRx experiment on CPU: full restart vs launcher vs in-process, same faults."""
-    from backend.bench.recovery import run, table
+    from backend.bench.recovery import ALL_MODES, run, table
 
     wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
-    bad = [m for m in wanted if m not in ("baseline", "launcher", "in_process")]
+    bad = [m for m in wanted if m not in ALL_MODES]
     if bad or not wanted:
-        fail(f"--modes takes baseline, launcher, in_process; not {', '.join(bad) or 'nothing'}")
+        fail(f"--modes takes {', '.join(ALL_MODES)}; not {', '.join(bad) or 'nothing'}")
     typer.echo(
         table(run(modes=wanted, faults=faults, seed=seed, after_step=after_step, steps=steps))
     )
@@ -350,6 +369,57 @@ def bench_agent(
     from backend.bench.agent import run
 
     _print_report(run(duration=duration, gpus=gpus, ranks=ranks, port=port))
+
+
+@bench_app.command("retention")
+def bench_retention(
+    gpus: Annotated[int, typer.Option(min=1, max=4096, help="GPUs measured (8 a node)")] = 8,
+    days: Annotated[float, typer.Option(min=0.1, max=365, help="simulated days")] = 30,
+    period: Annotated[float, typer.Option(min=0.1, help="seconds between samples")] = 1,
+    old_period: Annotated[
+        float, typer.Option(help="seconds between samples older than --dense-hours")
+    ] = 60,
+    dense_hours: Annotated[
+        float | None, typer.Option(min=0, help="hours at --period; default 2 raw windows")
+    ] = None,
+    raw_hours: Annotated[float, typer.Option(min=0.01, help="raw window")] = 6,
+    rollup_60_days: Annotated[float, typer.Option(min=0.01, help="60 s rollups kept")] = 7,
+    rollup_900_days: Annotated[float, typer.Option(min=0.01, help="900 s rollups kept")] = 90,
+    cluster_gpus: Annotated[int, typer.Option(min=1, help="GPUs extrapolated to")] = 16384,
+    requests: Annotated[int, typer.Option(min=0, help="timed requests per read; 0: none")] = 30,
+    database_url: DbUrlOpt = None,
+    data_dir: Annotated[Path, typer.Option()] = Path("data/bench-retention"),
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8317,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """Database size per retention tier over simulated days, extrapolated to a cluster;
+    latency of the node page's chart reads over it."""
+    from backend.bench.retention import BenchError, run, table
+    from backend.retention import RetentionPolicy
+
+    if old_period < period:
+        fail("--old-period must be at least --period")
+    if not raw_hours * 3600 < rollup_60_days * 86400 < rollup_900_days * 86400:
+        fail("retention must grow: --raw-hours < --rollup-60-days < --rollup-900-days")
+    policy = RetentionPolicy(raw_hours * 3600, rollup_60_days * 86400, rollup_900_days * 86400)
+    try:
+        result = run(
+            gpus=gpus,
+            days=days,
+            period=period,
+            old_period=old_period,
+            dense_s=None if dense_hours is None else dense_hours * 3600,
+            cluster_gpus=cluster_gpus,
+            requests=requests,
+            policy=policy,
+            database_url=database_url,
+            data_dir=data_dir,
+            port=port,
+            json_out=json_out,
+        )
+    except BenchError as exc:
+        fail(str(exc))
+    typer.echo(table(result))
 
 
 def _print_report(report: dict) -> None:  # type: ignore[type-arg]

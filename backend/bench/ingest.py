@@ -1,7 +1,9 @@
 """`trainguard bench ingest`: sustained end-to-end ingest through a real backend process.
 
-Load generators (separate processes, asyncio + httpx keep-alive connections) play N nodes
-of G simulated GPUs each, one batch per node per period (1 s = real-time), against one
+Load generators (separate processes, asyncio, keep-alive connections) play N nodes of G
+simulated GPUs each, sampled every `period` (1 s = real time) and sent as one batch per node
+every `batch_interval` (default: every sample; the backend's `agent_batch_interval_s`,
+which real agents follow, is set to the same value), against one
 `trainguard server` process on a loopback port. Reported: samples/s stored (counted in the
 database, not just sent), ingest latency p50/p99, backend CPU and RSS, and on PostgreSQL the
 raw limit (binary COPY of the same rows, no HTTP) measured in the same run for the ratio.
@@ -51,7 +53,13 @@ class _Conn:
 
 
 def _gen_worker(
-    url: str, nodes: list[str], gpus: int, period: float, duration: float, out: Any
+    url: str,
+    nodes: list[str],
+    gpus: int,
+    period: float,
+    batch_interval: float,
+    duration: float,
+    out: Any,
 ) -> None:
     from agent import wire
 
@@ -64,7 +72,8 @@ def _gen_worker(
         uuids = [f"GPU-bench-{node}-{i}" for i in range(gpus)]
         inventory = [wire.GpuInfo(uuid=u, index=i) for i, u in enumerate(uuids)]
         seq = 0
-        await asyncio.sleep(random.random() * period)
+        per_batch = max(1, round(batch_interval / period))  # samples per GPU per batch
+        await asyncio.sleep(random.random() * batch_interval)
         end = time.monotonic() + duration
         nxt = time.monotonic()
         while time.monotonic() < end:
@@ -80,7 +89,7 @@ def _gen_worker(
                 samples=[
                     wire.GpuSample(
                         uuid=u,
-                        ts=now,
+                        ts=now - k * period,
                         util=random.uniform(80, 100),
                         mem_util=40.0,
                         mem_used_mib=60000.0,
@@ -92,6 +101,7 @@ def _gen_worker(
                         ecc_dbe_volatile=0,
                         pcie_replay=0,
                     )
+                    for k in range(per_batch - 1, -1, -1)
                     for u in uuids
                 ],
             )
@@ -109,7 +119,7 @@ def _gen_worker(
                 conn.writer = None
             finally:
                 pool.put_nowait(conn)
-            nxt += period
+            nxt += batch_interval
             await asyncio.sleep(max(0.0, nxt - time.monotonic()))
 
     async def main() -> None:
@@ -200,6 +210,7 @@ def run(
     data_dir: Path,
     port: int,
     out_json: Path | None,
+    batch_interval: float | None = None,
 ) -> dict[str, Any]:
     from backend import db
     from backend.demo import start_server
@@ -210,7 +221,15 @@ def run(
         Path(url.split("///", 1)[1]).unlink(missing_ok=True)
     db.upgrade(url)
     before = _count(url)
-    env = {**os.environ, "TRAINGUARD_ADMIN_TOKEN": TOKEN, "TRAINGUARD_DATABASE_URL": url}
+    batch_interval = batch_interval or period
+    env = {
+        **os.environ,
+        "TRAINGUARD_ADMIN_TOKEN": TOKEN,
+        "TRAINGUARD_DATABASE_URL": url,
+        "TRAINGUARD_AGENT_BATCH_INTERVAL_S": str(batch_interval),
+        # Health marks a node degraded after half of this without a batch.
+        "TRAINGUARD_NODE_DOWN_AFTER_S": str(max(15.0, 3 * batch_interval)),
+    }
     server = start_server(port, env)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -218,7 +237,8 @@ def run(
         q: Any = mp.get_context("spawn").Queue()
         procs = [
             mp.get_context("spawn").Process(
-                target=_gen_worker, args=(base, names[w::workers], gpus, period, duration, q)
+                target=_gen_worker,
+                args=(base, names[w::workers], gpus, period, batch_interval, duration, q),
             )
             for w in range(workers)
         ]
@@ -241,6 +261,8 @@ def run(
         "nodes": nodes,
         "gpus_per_node": gpus,
         "offered_samples_per_s": nodes * gpus / period,
+        "batch_interval_s": batch_interval,
+        "offered_batches_per_s": round(nodes / batch_interval, 1),
         "duration_s": round(elapsed, 1),
         "stored_samples": stored,
         "stored_samples_per_s": round(stored / elapsed),
