@@ -16,6 +16,13 @@ was observed, via `POST /api/v1/commands/{id}/acks`:
 - exclude_node / stop_job are not carried out by this executor (cordon hooks are the
   backend's); they are acked `failed` with the reason.
 
+When the job's workers here are already gone, or die during an in_process restart, while
+their launcher lives (ft_launcher restarting its worker group after a rank death), the
+command follows that restart instead of failing: it waits for the launcher's new workers
+and acks torn_down / restarted / resumed with their times, noting that the launcher did
+it. A command finding ranks already in a later generation than the fault's (the
+command's attempt/iteration) acks that restart the same way and restarts nothing.
+
 A phase that does not happen within its timeout is acked `failed` with what was missing.
 """
 
@@ -149,6 +156,7 @@ class CommandLoop:
         torn_down_timeout_s: float = 60.0,
         restarted_timeout_s: float = 180.0,
         resumed_timeout_s: float = 180.0,
+        relaunch_grace_s: float = 5.0,
     ) -> None:
         cfg = getattr(agent, "config", None)
         self.agent = agent
@@ -166,6 +174,9 @@ class CommandLoop:
         self.torn_down_timeout_s = torn_down_timeout_s
         self.restarted_timeout_s = restarted_timeout_s
         self.resumed_timeout_s = resumed_timeout_s
+        # How long exited workers with no live launcher get for new ones to appear (with
+        # a live launcher the wait is restarted_timeout_s, its restart window).
+        self.relaunch_grace_s = relaunch_grace_s
         self.acks: list[tuple[str, Ack]] = []  # what was acked, for logs and tests
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -257,9 +268,11 @@ class CommandLoop:
         local, job = self.local, cmd.job
         with local.cond:
             before = {r.pid: r.iteration for r in local.job_ranks(job)}
-            served = self._already_restarted(cmd)
+            known = list(local.job_ranks(job, alive_only=False))
+            served = self._already_restarted(cmd, "in_process")
         if not before:
-            self._ack(cmd.id, "failed", time.time(), f"no live rank of job {job} on this node")
+            # Nothing to restart in process: the launcher may be restarting the workers.
+            self._follow_launcher(cmd, known)
             return
         if served is not None:
             # NVRx's Wrapper restarts on an exception by itself: when every rank is already
@@ -281,9 +294,15 @@ class CommandLoop:
             ]
             if stamps:
                 return min(stamps)
-            return time.time() if moved else None
+            if moved:
+                return time.time()
+            dead = [r for r in local.job_ranks(job, alive_only=False) if r.pid in before]
+            return -1.0 if all(not r.alive for r in dead) else None
 
         ts = local.wait_until(torn_down, self.torn_down_timeout_s)
+        if ts is not None and ts < 0:
+            self._follow_launcher(cmd, known)  # every rank died before it could raise
+            return
         if ts is None:
             self._ack(cmd.id, "failed", time.time(), "no rank raised the restart request")
             return
@@ -298,13 +317,11 @@ class CommandLoop:
             return None
 
         ts = local.wait_until(restarted, self.restarted_timeout_s)
-        if ts is None or ts < 0:
-            self._ack(
-                cmd.id,
-                "failed",
-                time.time(),
-                "a rank exited during the restart" if ts else "ranks did not re-enter",
-            )
+        if ts is not None and ts < 0:
+            self._follow_launcher(cmd, known, torn_down_acked=True)
+            return
+        if ts is None:
+            self._ack(cmd.id, "failed", time.time(), "ranks did not re-enter")
             return
         self._ack(cmd.id, "restarted", ts)
 
@@ -328,39 +345,103 @@ class CommandLoop:
             return
         self._ack(cmd.id, "resumed", ts, detail)
 
-    def _already_restarted(self, cmd: Command) -> list[Any] | None:
-        """The job's ranks here if all of them are in a later generation (attempt,
-        iteration) than the fault's (the command's params), else None."""
-        it, att = cmd.params.get("iteration"), cmd.params.get("attempt")
-        if not isinstance(it, int) or isinstance(it, bool):
-            return None
-        fault = (att if isinstance(att, int) and not isinstance(att, bool) else 0, it)
+    def _already_restarted(self, cmd: Command, level: str) -> list[Any] | None:
+        """The job's ranks here if all of them are in a later generation than the
+        fault's (the command's params), else None. A generation is (attempt, iteration)
+        for an in_process command; a launcher restart makes new processes, so for a
+        launcher command only a later attempt counts."""
+        it, att = _int(cmd.params.get("iteration")), _int(cmd.params.get("attempt"))
         recs = self.local.job_ranks(cmd.job)
-        if recs and all((r.attempt, r.iteration) > fault for r in recs):
-            return list(recs)
-        return None
+        if not recs:
+            return None
+        if level == "launcher":
+            if att is None or not all(r.attempt > att for r in recs):
+                return None
+        elif it is None or not all((r.attempt, r.iteration) > (att or 0, it) for r in recs):
+            return None
+        return list(recs)
 
     def _report_served(self, cmd: Command, recs: list[Any]) -> None:
         """Ack the phases of the restart that already happened, with its own times."""
-        detail = f"already restarted in process (iteration {max(r.iteration for r in recs)})"
+        att = _int(cmd.params.get("attempt"))
+        if att is not None and all(r.attempt > att for r in recs):
+            detail = f"already restarted by the launcher (attempt {max(r.attempt for r in recs)})"
+        else:
+            detail = f"already restarted in process (iteration {max(r.iteration for r in recs)})"
         started = [r.iteration_started_at for r in recs]
         self._ack(cmd.id, "torn_down", min(started), detail)
         self._ack(cmd.id, "restarted", max(started), detail)
         self._ack_resumed(cmd, {r.pid for r in recs}, detail)
+
+    def _follow_launcher(
+        self, cmd: Command, known: list[Any], torn_down_acked: bool = False
+    ) -> None:
+        """The job's workers here are gone (or going) although the command did not end
+        them: their launcher is restarting the worker group (ft_launcher after a rank
+        death). Wait for its new workers and ack that restart, with its own times, as
+        this command's; `failed` only when no launcher lives to restart them (after
+        `relaunch_grace_s`) or no new workers come within `restarted_timeout_s`.
+
+        `known`: every record of the job here (alive or exited) when the command came."""
+        local, job = self.local, cmd.job
+        if not known or all(r.clean_exit or r.finished for r in known):
+            # Never here, or its ranks here finished their work: nothing will come back.
+            self._ack(cmd.id, "failed", time.time(), f"no live rank of job {job} on this node")
+            return
+        old = {r.pid for r in known}
+        latest = max(r.attempt for r in known)
+        expected = len({r.rank for r in known if r.attempt == latest})
+        parents = {r.ppid for r in known if r.ppid > 1 and r.ppid != os.getpid()}
+        since = time.monotonic()
+
+        def new_workers() -> list[Any] | None:
+            fresh = [r for r in local.job_ranks(job) if r.pid not in old]
+            if len(fresh) >= expected:
+                return fresh
+            if time.monotonic() - since > self.relaunch_grace_s and not any(
+                self._alive(p, 0) for p in parents
+            ):
+                return []  # nobody left to start them
+            return None
+
+        fresh = local.wait_until(new_workers, self.restarted_timeout_s)
+        if not fresh:
+            why = (
+                "their launcher is gone"
+                if fresh is not None
+                else f"the launcher started no new workers within {self.restarted_timeout_s:g} s"
+            )
+            self._ack(cmd.id, "failed", time.time(), f"the workers of job {job} exited and {why}")
+            return
+        detail = f"restarted by the job's launcher (attempt {max(r.attempt for r in fresh)})"
+        if not torn_down_acked:
+            with local.cond:
+                ends = [r.exited_at for r in local.job_ranks(job, alive_only=False) if r.pid in old]
+            gone = [e for e in ends if e is not None]
+            self._ack(cmd.id, "torn_down", max(gone) if gone else time.time(), detail)
+        self._ack(cmd.id, "restarted", max(r.registered_at for r in fresh), detail)
+        self._ack_resumed(cmd, {r.pid for r in fresh}, detail)
 
     def _launcher(self, cmd: Command) -> None:
         local, job = self.local, cmd.job
         grace = self._param(cmd, "grace_s", self.grace_s)
         with local.cond:
             recs = local.job_ranks(job)
+            known = list(local.job_ranks(job, alive_only=False))
+            served = self._already_restarted(cmd, "launcher")
             launchers = {r.ppid for r in recs}
             victims = {
                 r.pid: r.start_ticks
                 for r in recs
                 if r.pid not in launchers and r.pid != os.getpid()
             }
+        if served is not None:
+            # The launcher already made a new generation after the fault: ending it would
+            # only restart the job a second time.
+            self._report_served(cmd, served)
+            return
         if not victims:
-            self._ack(cmd.id, "failed", time.time(), f"no live rank of job {job} on this node")
+            self._follow_launcher(cmd, known)
             return
         self._signal_all(victims, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -404,3 +485,7 @@ class CommandLoop:
             if self._alive(pid, st):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None

@@ -1,6 +1,8 @@
 """A worker launcher without torch (the role ft_launcher plays): keeps `--nproc` copies of
 rank_script.py running and starts a fresh one, with the next restart count, whenever one
-exits. The executor must end workers, never this process."""
+exits. The executor must end workers, never this process. MINI_LAUNCHER_RESTART_DELAY (s)
+holds the new workers back after the old ones are gone (ft_launcher's restart takes
+seconds: rendezvous, imports), so a command can arrive while no worker is alive."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     restarts = 0
+    delay = float(os.environ.get("MINI_LAUNCHER_RESTART_DELAY", "0"))
     procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def spawn(local_rank: int) -> None:
@@ -50,6 +53,7 @@ def main() -> int:
                     p.terminate()
             for p in procs.values():
                 p.wait()
+            time.sleep(delay)
             for r in range(nproc):
                 spawn(r)
         time.sleep(0.05)

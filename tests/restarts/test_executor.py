@@ -3,9 +3,12 @@ and a real (torch-free) launcher."""
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import threading
 import time
+from typing import Any
 
 from agent.executor import CommandLoop
 from agent.wire import Ack, Command
@@ -129,3 +132,84 @@ def test_a_command_for_a_job_without_ranks_here_fails_with_a_reason(make_node, t
     t.join(10)
     assert backend.phases("c3") == ["delivered", "failed"]
     assert "no live rank" in backend.acks[-1][1].detail
+
+
+def _launch_and_kill_a_worker(node: Any, spawn: Any, delay: float) -> tuple[Any, set[int]]:
+    """A launcher of 2 workers that holds its new workers back `delay` s; SIGKILL one of
+    its workers (ft_launcher then stops the other and restarts the group)."""
+    launcher = spawn(
+        [LAUNCHER, "2"], node.local.socket_path, MINI_LAUNCHER_RESTART_DELAY=str(delay)
+    )
+    wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
+    old = {r.pid for r in node.local.job_ranks("job1")}
+    os.kill(min(old), signal.SIGKILL)
+    return launcher, old
+
+
+def test_commands_finding_the_launcher_mid_restart_ack_its_restart_not_failed(
+    make_node, spawn, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # The benchmark's sequence: a rank is SIGKILLed; by the time the engine's in_process
+    # command (for the survivors' exceptions) and then its launcher command arrive, the
+    # launcher has stopped the node's other worker and is starting a new generation.
+    node = make_node()
+    launcher, old = _launch_and_kill_a_worker(node, spawn, delay=2.0)
+    wait_for(lambda: not node.local.job_ranks("job1"), timeout=10)  # no live rank here
+    backend = BackendStandIn()
+    loop = CommandLoop(node.agent, node.local, transport=backend, node="n1", spool_dir=tmp_path)
+    loop.start()
+    try:
+        backend.pending.put(command("c1", "in_process", attempt=0, iteration=0))
+        backend.pending.put(command("c2", "launcher", attempt=0, iteration=0, grace_s=2.0))
+        for cid in ("c1", "c2"):
+            wait_for(lambda cid=cid: backend.phases(cid)[-1:] in (["resumed"], ["failed"]), 40)
+            assert backend.phases(cid) == ["delivered", "torn_down", "restarted", "resumed"], [
+                a for c, a in backend.acks if c == cid
+            ]
+            resumed = [a for c, a in backend.acks if c == cid and a.phase == "resumed"]
+            assert "launcher" in resumed[0].detail  # who did the restart
+            # The launcher's own times: its teardown may precede the command's delivery.
+            ts = backend.times(cid)[1:]
+            assert ts == sorted(ts)
+        assert launcher.poll() is None
+        new = node.local.job_ranks("job1")
+        assert len(new) == 2 and not {r.pid for r in new} & old
+        # The launcher command followed the launcher's restart: no second one.
+        assert {r.attempt for r in new} == {1}
+    finally:
+        loop.stop()
+
+
+def test_ranks_dying_during_an_in_process_restart_follow_the_launcher(
+    make_node, spawn, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    backend = BackendStandIn()
+    loop = CommandLoop(node.agent, node.local, transport=backend, node="n1", spool_dir=tmp_path)
+    launcher, old = _launch_and_kill_a_worker(node, spawn, delay=1.0)
+    t = loop.handle(command("c1", "in_process", attempt=0, iteration=0))
+    assert t is not None
+    t.join(40)
+    acks = [a for c, a in backend.acks if c == "c1"]
+    assert [a.phase for a in acks] == ["delivered", "torn_down", "restarted", "resumed"], acks
+    assert "launcher" in acks[-1].detail
+    new = node.local.job_ranks("job1")
+    assert {r.attempt for r in new} == {1} and not {r.pid for r in new} & old
+    assert launcher.poll() is None
+
+
+def test_workers_gone_without_a_launcher_fail_after_the_grace(make_node, spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    ranks = [spawn([RANK], node.local.socket_path, RANK=str(r)) for r in (0, 1)]
+    wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
+    for p in ranks:
+        p.kill()
+        p.wait()
+    wait_for(lambda: not node.local.job_ranks("job1"), timeout=10)
+    backend = BackendStandIn()
+    loop = CommandLoop(node.agent, node.local, transport=backend, node="n1", relaunch_grace_s=0.5)
+    t = loop.handle(command("c1", "launcher"))
+    assert t is not None
+    t.join(10)
+    assert backend.phases("c1") == ["delivered", "failed"]
+    assert "exited and their launcher is gone" in backend.acks[-1][1].detail
