@@ -58,7 +58,7 @@ def test_the_bench_keeps_what_retention_keeps_and_sizes_add_up(db_url: str, tmp_
         per_gpu = conn.execute(
             text("SELECT gpu_id, COUNT(*), MIN(ts) FROM samples GROUP BY gpu_id")
         ).all()
-        rollups = dict(
+        rollups: dict[int, int] = dict(
             conn.execute(
                 text("SELECT width_s, COUNT(*) FROM sample_rollups GROUP BY width_s")
             ).all()

@@ -162,8 +162,8 @@ def _simulate(
     retention = Retention(engine, policy)
     vacuum = _Autovacuum(engine) if engine.dialect.name == "postgresql" else None
     cycles = {g: _readings(g) for g in gpu_ids}
-    stamps = _stamps(start, end, dense_from, period, old_period)
-    ts = next(stamps, end)
+    times = _stamps(start, end, dense_from, period, old_period)
+    ts = next(times, end)
     written = 0
     rollups = 0
     k = 0
@@ -175,7 +175,7 @@ def _simulate(
         while ts < chunk_end:
             rows.extend((g, ts, *cycles[g][k % _CYCLE]) for g in gpu_ids)
             k += 1
-            ts = next(stamps, end)
+            ts = next(times, end)
         _write(engine, rows)
         written += len(rows)
         pruned = retention.run_once(now=chunk_end)
@@ -263,7 +263,9 @@ def _seed_inventory(engine: Engine, gpus: int, now: float) -> tuple[list[str], l
             insert(Node),
             [{"name": n, "simulated": True, "first_seen": now, "last_seen": now} for n in nodes],
         )
-        ids = dict(conn.execute(text("SELECT name, id FROM nodes WHERE name LIKE 'ret-%'")).all())
+        ids: dict[str, int] = dict(
+            conn.execute(text("SELECT name, id FROM nodes WHERE name LIKE 'ret-%'")).all()
+        )
         uuids = [f"GPU-ret-{i // GPUS_PER_NODE:05d}-{i % GPUS_PER_NODE}" for i in range(gpus)]
         conn.execute(
             insert(Gpu),
@@ -376,7 +378,7 @@ def run(
         sim = _simulate(engine, gpu_ids, start, end, stamps, chunk_s, policy)
         with engine.connect() as conn:
             raw_rows = conn.execute(text("SELECT COUNT(*) FROM samples")).scalar_one()
-            by_width = dict(
+            by_width: dict[int, int] = dict(
                 conn.execute(
                     text("SELECT width_s, COUNT(*) FROM sample_rollups GROUP BY width_s")
                 ).all()
