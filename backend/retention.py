@@ -131,15 +131,33 @@ class Retention:
         return self.last
 
 
+# Rollup widths, finest first. A rollup's `ts` is the mean time of the samples it folds, so
+# it lies in its window [bucket, bucket + width_s] (up to float rounding, see _rollup_read_sql).
+ROLLUP_WIDTHS = (60, 900)
+_SLACK_S = 1.0
+
+
+def _rollup_read_sql() -> str:
+    """A rollup with `ts` in [:s, :u] has its `bucket` in [:s - width_s, :u], so each tier is
+    read as a range of the primary key (gpu_id, width_s, bucket), not as every rollup of the
+    GPU filtered on `ts`. A second of slack covers the rounding of floor(ts / width) and of
+    the means; the `ts` test decides which rows come back."""
+    tiers = " OR ".join(
+        f"(width_s = {w} AND bucket >= :s - {w + _SLACK_S} AND bucket <= :u + {_SLACK_S})"
+        for w in ROLLUP_WIDTHS
+    )
+    return (
+        "SELECT ts, n, util, mem_util, mem_used_mib, temp_c, power_w, sm_clock_mhz, "
+        "mem_clock_mhz, ecc_sbe_volatile, ecc_dbe_volatile, remapped_uncorrectable, "
+        f"pcie_replay FROM sample_rollups WHERE gpu_id = :g AND ({tiers}) "
+        "AND ts >= :s AND ts <= :u ORDER BY ts"
+    )
+
+
+ROLLUP_READ_SQL = _rollup_read_sql()
+
+
 def rollup_rows(conn: Any, gpu_id: int, since: float, until: float) -> list[dict[str, Any]]:
     """Rollups of a GPU in a time range, as sample-shaped rows (for the chart reads)."""
-    rows = conn.execute(
-        text(
-            "SELECT ts, n, util, mem_util, mem_used_mib, temp_c, power_w, sm_clock_mhz, "
-            "mem_clock_mhz, ecc_sbe_volatile, ecc_dbe_volatile, remapped_uncorrectable, "
-            "pcie_replay FROM sample_rollups WHERE gpu_id = :g AND ts >= :s AND ts <= :u "
-            "ORDER BY ts"
-        ),
-        {"g": gpu_id, "s": since, "u": until},
-    ).mappings()
+    rows = conn.execute(text(ROLLUP_READ_SQL), {"g": gpu_id, "s": since, "u": until}).mappings()
     return [dict(r) for r in rows]
