@@ -201,6 +201,7 @@ class DecisionEngine:
         sweep.due_incidents(self.decider, s, now)
         sweep.failed_incidents(self.decider, s, now)
         sweep.resumed_from_steps(self.decider, s, now)
+        sweep.relaunch_waits(self.decider, s, now)
         sweep.orphaned_hooks(self.decider, s, now, self._running_hooks)
 
     # --- the cursor over events -----------------------------------------------------------

@@ -100,6 +100,7 @@ class Escalation(_Strict):
     launcher: int = Field(ge=1, le=1000)
     exclude_node: int = Field(ge=1, le=1000)
     on_failed: bool
+    relaunch_wait_s: float = Field(ge=0, le=3600)
 
 
 class Limits(_Strict):

@@ -5,7 +5,8 @@ announces.
   evidence (`node_down`) for every such job (judged only once the engine has led for
   the silence threshold itself);
 - incidents whose cooldown ended, or that an operator approved, are acted on;
-- incidents whose action failed (a command acked `failed`) climb one level;
+- incidents whose action failed (a command acked `failed`) climb one level, except
+  "no live rank" on a healthy node: that waits for the launcher's new generation first;
 - incidents whose `resumed` ack is missing are resolved by the first completed step of
   the new generation;
 - hooks whose result was lost (the leader changed while one ran) are carried on.
@@ -26,6 +27,8 @@ from backend.models import Incident, Job, Node, Rank
 
 # A step-derived resumption waits this long for the agents' own `resumed` ack.
 RESUME_GRACE_S = 2.0
+# A failed ack saying this found nothing to restart on its node (the executor's words).
+NOTHING_HERE = "no live rank"
 # The sweep looks at incidents acted on (or failed) this recently; older ones are left as
 # they are (an operator sees them open or failed), so each sweep stays small.
 LOOKBACK_S = 3600.0
@@ -107,7 +110,9 @@ def due_incidents(d: Decider, session: Session, now: float) -> None:
 
 
 def failed_incidents(d: Decider, session: Session, now: float) -> None:
-    """An automatic action that failed climbs one level (escalation.on_failed)."""
+    """An automatic action that failed climbs one level (escalation.on_failed), unless
+    the failure only says that the job's workers on a healthy node were already gone
+    (`_wait_for_relaunch`)."""
     if not d.policy.model.escalation.on_failed:
         return
     rows = session.scalars(
@@ -126,16 +131,82 @@ def failed_incidents(d: Decider, session: Session, now: float) -> None:
         job = session.get(Job, inc.job_id)
         if job is None:
             continue
-        node_id, detail = failed[0]
+        if not _wait_for_relaunch(d, session, inc, failed, now):
+            _climb(d, session, inc, job, failed[0], "")
+
+
+def relaunch_waits(d: Decider, session: Session, now: float) -> None:
+    """Incidents that waited for the launcher's new generation and saw no step of it in
+    time climb one level, as their failure would have at once."""
+    rows = session.scalars(
+        select(Incident)
+        .where(
+            Incident.status == "open",
+            Incident.trigger == "auto",
+            Incident.acted_at.is_not(None),
+            Incident.acted_at >= now - LOOKBACK_S,
+            Incident.resumed_at.is_(None),
+            Incident.not_before.is_not(None),
+            Incident.not_before <= now,
+        )
+        .with_for_update()
+    ).all()
+    for inc in rows:
+        failed = q.failed_acks(session, inc)
+        job = session.get(Job, inc.job_id)
+        if not failed or job is None or inc.level == "stop_job":
+            inc.not_before = None
+            continue
+        wait = d.policy.model.escalation.relaunch_wait_s
+        _climb(d, session, inc, job, failed[0], f"; no step of a new generation within {wait:g} s")
+
+
+def _wait_for_relaunch(
+    d: Decider, session: Session, inc: Incident, failed: list[tuple[int, str]], now: float
+) -> bool:
+    """A command that found no live rank on a node whose agent is healthy says that the
+    job's workers there are gone, not that the node or the restart is bad: after a rank
+    death the job's launcher (ft_launcher) stops its worker group and starts a new one by
+    itself. Climbing on that (to exclude_node, then stop_job) would cordon a healthy node
+    and give up a job that is recovering. So the incident is reopened and waits up to
+    `escalation.relaunch_wait_s` (in `not_before`) for a step of the job's new generation
+    (`resumed_from_steps` resolves it); `relaunch_waits` climbs when none comes. Once per
+    action: a failure after the wait climbs."""
+    wait = d.policy.model.escalation.relaunch_wait_s
+    if wait <= 0 or (inc.not_before is not None and inc.not_before <= now):
+        return False
+    if not all(NOTHING_HERE in detail for _, detail in failed):
+        return False  # some restart really failed
+    for node_id, _ in failed:
         node = session.get(Node, node_id)
-        name = node.name if node is not None else "?"
-        if inc.node_id is None:
-            inc.node_id = node_id
-        inc.escalations += 1
-        up = next_level(inc.level)
-        why = f"the {inc.level} action failed on {name}: {detail}"
-        level, notes = d.plan(session, job, up, d.clock())
-        d.act(session, inc, job, level, "; ".join([why, *notes]), ENGINE_ACTOR, "auto")
+        if node is None or node.cordoned or node.last_seen < now - d.fresh_within_s:
+            return False  # a silent node is node_down's business
+    names = sorted({n.name for n in (session.get(Node, nid) for nid, _ in failed) if n})
+    inc.status = "open"
+    inc.closed_at = None
+    inc.not_before = inc.not_before or now + wait
+    inc.outcome = (
+        f"waiting up to {wait:g} s for the job's launcher to restart its workers "
+        f"({', '.join(names)}: {failed[0][1]})"
+    )[:2000]
+    d.touched.add(inc.id)
+    d._count("relaunch_waits")
+    return True
+
+
+def _climb(
+    d: Decider, session: Session, inc: Incident, job: Job, failure: tuple[int, str], more: str
+) -> None:
+    node_id, detail = failure
+    node = session.get(Node, node_id)
+    name = node.name if node is not None else "?"
+    if inc.node_id is None:
+        inc.node_id = node_id
+    inc.escalations += 1
+    up = next_level(inc.level)
+    why = f"the {inc.level} action failed on {name}: {detail}{more}"
+    level, notes = d.plan(session, job, up, d.clock())
+    d.act(session, inc, job, level, "; ".join([why, *notes]), ENGINE_ACTOR, "auto")
 
 
 def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
@@ -155,6 +226,7 @@ def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
         if first is None or first.end > now - RESUME_GRACE_S:
             continue
         inc.resumed_at = first.end
+        inc.not_before = None  # a wait for the launcher's new generation ends here
         inc.status = "resolved"
         inc.closed_at = now
         inc.outcome = "resumed (from the job's steps; no resumed ack)"

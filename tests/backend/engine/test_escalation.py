@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from agent import wire
+
 LADDER_POLICY = """
 [escalation]
 window_s = 600
@@ -133,3 +135,107 @@ def test_cooldown_and_budget_stop_a_restart_storm(make_cluster: Any) -> None:
     assert incs[-1]["status"] == "stopped" and "budget" in incs[-1]["outcome"]
     assert len(incs) <= 6  # the 100 exceptions were merged, not one incident each
     assert sum(len(x["evidence"]) for x in incs) == 100
+
+
+NO_LIVE_RANK = "no live rank of job job on this node"
+
+
+def steps_of_attempt(c: Any, attempt: int, layout: dict[str, tuple[int, ...]], step: int) -> None:
+    """Every rank of the job completes `step` in a new launcher generation."""
+    for node, ranks in layout.items():
+        c.post(
+            node,
+            steps=[
+                wire.StepReport(
+                    job="job",
+                    rank=r,
+                    step=step,
+                    start=c.clock.t - 0.5,
+                    end=c.clock.t,
+                    attempt=attempt,
+                )
+                for r in ranks
+            ],
+        )
+
+
+def test_no_live_rank_while_the_launcher_restarts_waits_for_it_and_cordons_nothing(
+    make_cluster: Any,
+) -> None:
+    # The benchmark's sequence (docs/benchmarks-recovery.md): rank 1 on n1 is SIGKILLed;
+    # the survivors' gloo errors arrive first -> in_process; n1's ft_launcher has already
+    # stopped its other worker, so n1 acks "no live rank"; then the rank_exit; the
+    # launcher commands find no live rank either (an agent without the executor that
+    # follows the launcher). ft_launcher restarts the group by itself meanwhile.
+    c = make_cluster("[escalation]\nrelaunch_wait_s = 30\n[limits]\ncooldown_s = 0\n")
+    layout = {"n1": (0, 1), "n2": (2, 3)}
+    c.job("job", layout)
+    c.event("n2", "exception", job="job", rank=2, message="RuntimeError: gloo Read error")
+    c.decide()
+    (inc,) = c.incidents("job")
+    first = {x["node"]: x["id"] for x in inc["commands"]}
+    c.ack(first["n1"], "n1", "delivered", "failed", detail=NO_LIVE_RANK)
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "open" and inc["level"] == "in_process", inc
+    assert "waiting up to 30 s" in inc["outcome"] and len(inc["commands"]) == 2
+    # The rank's death: stronger evidence of the same episode -> launcher, at once.
+    c.event(
+        "n1", "rank_exit", job="job", rank=1, message="rank 1 exited (signal 9)", data={"signal": 9}
+    )
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["level"] == "launcher" and inc["status"] == "open"
+    second = [x for x in inc["commands"] if x["id"] not in first.values()]
+    assert sorted(x["node"] for x in second) == ["n1", "n2"]
+    for x in second:
+        c.ack(x["id"], x["node"], "delivered", "failed", detail=NO_LIVE_RANK)
+    c.clock.advance(1)
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "open" and inc["level"] == "launcher", inc
+    # ft_launcher's new generation steps: the incident is resolved, nothing was cordoned.
+    c.clock.advance(5)
+    steps_of_attempt(c, 1, layout, step=11)
+    c.clock.advance(3)
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "resolved", inc
+    assert [d["level"] for d in inc["decisions"]] == ["in_process", "launcher"]
+    assert not any(c.client.get(f"/api/v1/nodes/{n}").json()["cordoned"] for n in layout)
+    # A later fault is a new episode, handled as usual (nothing was given up).
+    c.clock.advance(60)
+    fault(c, node="n2", rank=2)
+    assert len(c.incidents("job")) == 2 and c.incidents("job")[-1]["level"] == "in_process"
+
+
+def test_no_live_rank_climbs_when_no_new_generation_comes(make_cluster: Any) -> None:
+    c = make_cluster("[escalation]\nrelaunch_wait_s = 30\n")
+    c.job("job", {"n1": (0,), "n2": (1,)})
+    fault(c)
+    (inc,) = c.incidents("job")
+    cid = next(x["id"] for x in inc["commands"] if x["node"] == "n1")
+    c.ack(cid, "n1", "delivered", "failed", detail=NO_LIVE_RANK)
+    c.decide()
+    assert c.incidents("job")[0]["status"] == "open"
+    c.clock.advance(29)
+    c.decide()
+    assert c.incidents("job")[0]["level"] == "in_process"
+    c.clock.advance(2)
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["level"] == "launcher" and inc["escalations"] == 1 and inc["status"] == "open"
+    assert "no step of a new generation within 30 s" in inc["decisions"][-1]["why"]
+
+
+def test_no_live_rank_from_a_silent_node_climbs_at_once(make_cluster: Any) -> None:
+    c = make_cluster("[escalation]\nrelaunch_wait_s = 30\n", fresh=60)
+    c.job("job", {"n1": (0,), "n2": (1,)})
+    fault(c)
+    (inc,) = c.incidents("job")
+    cid = next(x["id"] for x in inc["commands"] if x["node"] == "n1")
+    c.ack(cid, "n1", "delivered", "failed", detail=NO_LIVE_RANK)
+    c.heard("n1", c.clock.t - 120)  # n1's agent went silent since
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["level"] == "launcher" and inc["escalations"] == 1
