@@ -153,24 +153,31 @@ def test_a_batch_interval_that_would_mark_healthy_nodes_degraded_is_refused() ->
         raise AssertionError("a batch interval over half the down threshold was accepted")
 
 
-def test_the_writer_reconnects_when_its_kept_connection_is_killed(client: Any, db_url: str) -> None:
-    """The writer keeps one connection between transactions (no ping per group): when the
-    database drops it, the next batch still gets a 200 on a fresh connection."""
-    if not db_url.startswith("postgresql"):
-        import pytest
-
-        pytest.skip("killing one server-side connection needs PostgreSQL")
+def test_the_writer_reconnects_when_its_kept_connection_is_killed(
+    pg_database: str, tmp_path: Any
+) -> None:
+    """The writer keeps one connection between transactions (no ping per group): when
+    PostgreSQL drops it, the next batch still gets a 200 on a fresh connection."""
+    from fastapi.testclient import TestClient
     from sqlalchemy import text
 
-    assert client.post("/api/v1/ingest", content=make_batch(1)).status_code == 200
-    writer = client.app.state.writer
-    pid = writer._conn.connection.driver_connection.info.backend_pid
-    admin = create_engine(db_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar_one()
-    admin.dispose()
-    r = client.post("/api/v1/ingest", content=make_batch(2))
-    assert r.status_code == 200, r.text
-    assert r.json()["stored_samples"] == 8
-    assert writer._conn.connection.driver_connection.info.backend_pid != pid
-    assert count(db_url, Sample) == 16
+    from backend.app import create_app
+    from backend.settings import Settings
+    from tests.conftest import _truncate
+    from tests.support import AUTH, TOKEN
+
+    _truncate(pg_database)
+    settings = Settings(database_url=pg_database, admin_token=TOKEN, data_dir=tmp_path)
+    with TestClient(create_app(settings), headers=AUTH) as client:
+        assert client.post("/api/v1/ingest", content=make_batch(1)).status_code == 200
+        writer = client.app.state.writer
+        pid = writer._conn.connection.driver_connection.info.backend_pid
+        admin = create_engine(pg_database, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar_one()
+        admin.dispose()
+        r = client.post("/api/v1/ingest", content=make_batch(2))
+        assert r.status_code == 200, r.text
+        assert r.json()["stored_samples"] == 8
+        assert writer._conn.connection.driver_connection.info.backend_pid != pid
+    assert count(pg_database, Sample) == 16
