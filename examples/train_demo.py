@@ -16,12 +16,15 @@ The measured configuration (docs/restarts.md, reference nvrx-on-cpu.md):
 - short gloo timeouts; a fresh application store prefix per generation and iteration;
 - RetryController(min_world_size=full world): a lost rank ends the Wrapper and the launcher
   restarts the worker group, which resumes from the newest complete DCP checkpoint;
-- `dcp.async_save` every N steps on its own gloo group, so saving does not block training.
+- `dcp.async_save` every N steps on its own gloo group, so saving does not block training
+  (`--ckpt-mode async-staged`: the same DCP save from reused staging buffers in one
+  long-lived thread; docs/benchmarks-checkpoint.md).
 """
 
 import argparse
 import concurrent.futures
 import contextlib
+import copy
 import datetime
 import gc
 import io
@@ -38,11 +41,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from nvidia_resiliency_ext import inprocess
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from agent import faults, sdk, storehost
 
 td = datetime.timedelta
+
+CKPT_MODES = ("async", "async-staged", "async-process", "sync", "torch", "none")
 
 
 def _gather_objects_without_numpy() -> None:
@@ -84,10 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument(
         "--ckpt-mode",
-        choices=("async", "sync", "torch", "none"),
+        choices=CKPT_MODES,
         default="async",
-        help="async: dcp.async_save (default); sync: dcp.save; torch: torch.save by rank 0 "
-        "(not resumable); none: no checkpoints",
+        help="async: dcp.async_save (default); async-staged: dcp.save in one long-lived "
+        "thread from reused staging buffers; async-process: dcp.async_save with DCP's "
+        "checkpoint process and a reused shared-memory stager; sync: dcp.save; torch: "
+        "torch.save by rank 0 (not resumable); none: no checkpoints",
     )
     p.add_argument(
         "--no-wrapper",
@@ -109,6 +118,9 @@ class ReleaseGloo(inprocess.finalize.Finalize):
     def __call__(self, state):  # type: ignore[no-untyped-def]
         self.holder.pop("ckpt_pg", None)
         self.holder.pop("pending", None)  # an unfinished async save of the failed iteration
+        saver = self.holder.pop("saver", None)
+        if saver is not None:
+            saver.close()
         if dist.is_initialized():
             with contextlib.suppress(Exception):  # already aborted
                 dist.destroy_process_group()
@@ -140,6 +152,77 @@ def wait_saved(fut: Any) -> None:
             return
         except concurrent.futures.TimeoutError:
             continue
+
+
+class StagedSaver:
+    """`--ckpt-mode async-staged`: the save of `dcp.async_save` (a `dcp.save` of a CPU copy
+    of the state, in a background thread, on the checkpoint group) without its per-save
+    set-up. `dcp.async_save` builds at every call a new stager, deep-copies the state dict
+    into new tensors and starts a new thread; here the staging buffers are allocated at the
+    first save and refilled in place, and one thread serves every save of this train()
+    call. The loop pays for the copies and a queue put. The files are those of
+    `dcp.save`, so `dcp.load` reads them."""
+
+    def __init__(self, pg: Any) -> None:
+        self.pg = pg
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tg-ckpt")
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.last: concurrent.futures.Future | None = None
+
+    def stage(self, obj: Any, path: str = "") -> Any:
+        """A copy of `obj` whose tensors live in this saver's buffers (one per path)."""
+        if isinstance(obj, torch.Tensor):
+            buf = self.buffers.get(path)
+            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
+                buf = self.buffers[path] = torch.empty_like(obj, device="cpu")
+            buf.copy_(obj.detach())
+            return buf
+        if isinstance(obj, dict):
+            return {k: self.stage(v, f"{path}/{k}") for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return type(obj)(self.stage(v, f"{path}/{i}") for i, v in enumerate(obj))
+        return copy.deepcopy(obj)
+
+    def save(self, state: dict, checkpoint_id: str) -> concurrent.futures.Future:
+        if self.last is not None and not self.last.done():
+            # the buffers are still being written out: refilling them would tear the save
+            raise RuntimeError("wait for the previous save before starting the next")
+        staged = self.stage(state)
+        self.last = self.pool.submit(
+            dcp.save, staged, checkpoint_id=checkpoint_id, process_group=self.pg
+        )
+        return self.last
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+def save_checkpoint(args, mem, rank, model, opt, target: str, ckpt_root: Path) -> None:  # type: ignore[no-untyped-def]
+    """One save in `args.ckpt_mode`; an asynchronous one leaves its future in mem["pending"]."""
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    pg = mem["ckpt_pg"]
+    if args.ckpt_mode == "async":
+        mem["pending"] = dcp.async_save(state, checkpoint_id=target, process_group=pg)
+    elif args.ckpt_mode == "async-staged":
+        if "saver" not in mem:
+            mem["saver"] = StagedSaver(pg)
+        mem["pending"] = mem["saver"].save(state, target)
+    elif args.ckpt_mode == "async-process":
+        if "stager" not in mem:  # DCP reuses a stager's buffers between saves
+            mem["stager"] = DefaultStager(StagingOptions(False, True, False, False))
+        mem["pending"] = dcp.async_save(
+            state,
+            checkpoint_id=target,
+            process_group=pg,
+            async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+            async_stager=mem["stager"],
+        )
+    elif args.ckpt_mode == "sync":
+        dcp.save(state, checkpoint_id=target, process_group=pg)
+    elif rank == 0:  # torch: one replica is the whole state in data parallel
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        torch.save(state, f"{target}.pt")
 
 
 def newest_checkpoint(root: Path) -> int:
@@ -248,29 +331,22 @@ def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = 
         step += 1
         mem["step"] = step
         if args.ckpt_mode != "none" and step % args.ckpt_every == 0:
-            pending = mem.pop("pending", None)
-            if pending is not None:
-                wait_saved(pending)  # the previous save finished before the next starts
+            # The loop is held from here: by a previous save still running, then by this one.
             with tg.checkpoint("save", step):
-                msd, osd = get_state_dict(model, opt)
+                pending = mem.pop("pending", None)
+                if pending is not None:
+                    wait_saved(pending)  # the previous save finished before the next starts
                 target = str(ckpt_root / f"step_{step:06d}")
-                if args.ckpt_mode == "async":
-                    mem["pending"] = dcp.async_save(
-                        {"model": msd, "optim": osd}, checkpoint_id=target, process_group=ckpt_pg
-                    )
-                elif args.ckpt_mode == "sync":
-                    dcp.save(
-                        {"model": msd, "optim": osd}, checkpoint_id=target, process_group=ckpt_pg
-                    )
-                elif rank == 0:  # torch: one replica is the whole state in data parallel
-                    ckpt_root.mkdir(parents=True, exist_ok=True)
-                    torch.save({"model": msd, "optim": osd}, f"{target}.pt")
+                save_checkpoint(args, mem, rank, model, opt, target, ckpt_root)
         if rank == 0 and step % 50 == 0:
             print(f"[demo] step {step} loss {loss.item():.4f}", flush=True)
     tg.finished()
     pending = mem.pop("pending", None)
     if pending is not None:
         wait_saved(pending)
+    saver = mem.pop("saver", None)
+    if saver is not None:
+        saver.close()
     dist.barrier()
     dist.destroy_process_group()
     mem.pop("ckpt_pg", None)

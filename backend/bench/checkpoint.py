@@ -5,13 +5,22 @@ servers and the store host of `backend.bench.recovery.Nodes`), no faults, one jo
 configuration: no checkpoint, then for each interval N a synchronous save every N steps
 (`torch.save` of the state by rank 0, and `dcp.save` on every rank) and
 `dcp.async_save` every N steps (the demo's default; it waits for the previous save before
-starting the next), then no checkpoint again (the spread of the reference).
+starting the next) and its variants (`async-staged`, `async-process`; see the demo), then
+no checkpoint again (the spread of the reference).
+
+Then, with `advice=True`, the interval trainguard's advice recommends: for each
+asynchronous mode, its measured blocking time per checkpoint (median over the grid's runs)
+and an MTBF (an option; by default the Llama 3 405B job's, one unexpected interruption per
+~3.1 h) go into `backend.analytics.advice.recommend`; Daly's interval in seconds over the
+reference step time gives N in steps. Each mode runs at its N, `repeats` times, between
+no-checkpoint runs of the same length; their efficiency is reported as median and range.
 
 Measured from the agents' records: training time = first step start -> last step end
 (process start-up and the final barrier excluded); training efficiency relative to no
 checkpoint = reference training time / training time (the reference is the mean of the
 two no-checkpoint runs); blocking time per checkpoint = the `save` section the SDK reports
-(`tg.checkpoint("save", step)`), the slowest rank per checkpoint, median and max.
+(`tg.checkpoint("save", step)`: the wait for a previous save still running, then this
+save's call), the slowest rank per checkpoint, median, 90th percentile and max.
 """
 
 from __future__ import annotations
@@ -26,9 +35,39 @@ import time
 from pathlib import Path
 from typing import Any
 
+from backend.analytics import advice
 from backend.bench.recovery import Nodes, logs_tail, supervise
 
-SAVE_MODES = ("torch", "sync", "async")
+SAVE_MODES = ("torch", "sync", "async", "async-staged")
+ASYNC_MODES = ("async", "async-staged", "async-process")
+ALL_SAVE_MODES = ("torch", "sync", *ASYNC_MODES)
+# Llama 3 405B: 419 unexpected interruptions in 54 days (reference/anchors.md), ~3.1 h
+DEFAULT_MTBF_S = advice.LLAMA3_DAYS * 86400 / advice.LLAMA3_INTERRUPTIONS
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest-rank quantile of a non-empty list."""
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
+
+
+def advised_steps(cost_s: float, mtbf_s: float, step_s: float) -> dict[str, Any]:
+    """trainguard's recommended interval (Daly, from the analytics' advice) for a save
+    blocking `cost_s`, in seconds and in training steps of `step_s`."""
+    rec = advice.recommend(cost_s, mtbf_s, None, None)
+    interval_s = rec["daly_interval_s"]
+    if interval_s is None:
+        raise ValueError(f"no advice for cost {cost_s!r} s and MTBF {mtbf_s!r} s")
+    return {
+        "cost_s": cost_s,
+        "mtbf_s": mtbf_s,
+        "step_s": step_s,
+        "interval_s": interval_s,
+        "young_interval_s": rec["young_interval_s"],
+        "every_steps": max(1, round(interval_s / step_s)),
+        # the saving part of the first-order waste model, d / T
+        "expected_save_waste": cost_s / interval_s,
+    }
 
 
 def run_one(
@@ -39,6 +78,7 @@ def run_one(
     step_sleep: float,
     timeout_s: float,
 ) -> dict[str, Any]:
+    load_1m = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix=f"tg-ckpt-{mode}-{interval}-") as tmp:
         nodes = Nodes(Path(tmp))
         kw: dict[str, Any] = dict(
@@ -62,15 +102,23 @@ def run_one(
                     if isinstance(b, int | float):
                         key = e.data.get("step")
                         per_ckpt[key] = max(per_ckpt.get(key, 0.0), float(b))
-            blocking = sorted(per_ckpt.values())
+            blocking = [per_ckpt[k] for k in sorted(per_ckpt, key=str)]
+            root = Path(tmp) / "checkpoints"  # DCP's: a directory with .metadata when complete
+            complete = len(
+                [d for d in root.glob("step_*") if (d / ".metadata").exists() or d.suffix == ".pt"]
+            )
             return {
                 "mode": mode,
                 "interval": interval if mode != "none" else None,
                 "steps": len({s.step for s in st}),
+                "load_avg_1m": load_1m,
                 "train_s": round(span, 3),
                 "wall_s": round(sup["end"] - sup["t0"], 2),
                 "checkpoints": len(blocking),
+                "complete": complete,
+                "blocking_s": [round(b, 5) for b in blocking],
                 "blocking_median_s": round(statistics.median(blocking), 4) if blocking else None,
+                "blocking_p90_s": round(quantile(blocking, 0.9), 4) if blocking else None,
                 "blocking_max_s": round(max(blocking), 4) if blocking else None,
                 "blocking_total_s": round(sum(blocking), 3),
                 # the share of the training time the loop was held by saves
@@ -80,26 +128,77 @@ def run_one(
             nodes.close()
 
 
+def _efficiency(rows: list[dict[str, Any]], ref_s: float) -> None:
+    for r in rows:
+        r["efficiency_vs_none"] = round(ref_s / r["train_s"], 4)
+
+
+def _cost_s(rows: list[dict[str, Any]], mode: str) -> float | None:
+    """A mode's blocking time per checkpoint: the median over all its grid checkpoints."""
+    pooled = [b for r in rows if r["mode"] == mode for b in r["blocking_s"]]
+    return statistics.median(pooled) if pooled else None
+
+
 def run(
     intervals: tuple[int, ...] | list[int] = (10, 50),
     steps: int = 300,
     modes: tuple[str, ...] | list[str] = SAVE_MODES,
     step_sleep: float = 0.02,
     timeout_s: float = 240.0,
+    advice_runs: bool = True,
+    mtbf_s: float = DEFAULT_MTBF_S,
+    repeats: int = 2,
+    min_checkpoints: int = 3,
+    advice_modes: tuple[str, ...] | list[str] = ("async", "async-staged"),
 ) -> dict[str, Any]:
-    """No checkpoint, each mode x interval, no checkpoint again; efficiency relative to the
-    mean of the two no-checkpoint runs."""
+    """The grid: no checkpoint, each mode x interval, no checkpoint again; efficiency
+    relative to the mean of the two no-checkpoint runs. Then (`advice_runs`) each
+    asynchronous mode at the interval the advice recommends for its measured cost and
+    `mtbf_s`, `repeats` times, with `min_checkpoints` saves or more per run."""
     import torch
 
+    def one(mode: str, n: int, k: int) -> dict[str, Any]:
+        return run_one(mode, n, steps=k, step_sleep=step_sleep, timeout_s=timeout_s)
+
     load = os.getloadavg()
-    rows = [run_one("none", 0, steps=steps, step_sleep=step_sleep, timeout_s=timeout_s)]
+    rows = [one("none", 0, steps)]
     for n in intervals:
-        for mode in modes:
-            rows.append(run_one(mode, n, steps=steps, step_sleep=step_sleep, timeout_s=timeout_s))
-    rows.append(run_one("none", 0, steps=steps, step_sleep=step_sleep, timeout_s=timeout_s))
+        rows += [one(mode, n, steps) for mode in modes]
+    rows.append(one("none", 0, steps))
     ref = statistics.mean(r["train_s"] for r in rows if r["mode"] == "none")
-    for r in rows:
-        r["efficiency_vs_none"] = round(ref / r["train_s"], 4)
+    _efficiency(rows, ref)
+    step_s = ref / steps
+
+    advised: dict[str, dict[str, Any]] = {}
+    advice_rows: list[dict[str, Any]] = []
+    advice_steps = None
+    if advice_runs:
+        for mode in (m for m in modes if m in advice_modes):
+            cost = _cost_s(rows, mode)
+            if cost:
+                advised[mode] = advised_steps(cost, mtbf_s, step_s)
+    if advised:
+        advice_steps = max(steps, *(min_checkpoints * a["every_steps"] for a in advised.values()))
+        for _ in range(repeats):  # interleaved, so a drift of the machine's load hits all
+            advice_rows.append(one("none", 0, advice_steps))
+            advice_rows += [one(m, a["every_steps"], advice_steps) for m, a in advised.items()]
+        advice_rows.append(one("none", 0, advice_steps))
+        advice_ref = statistics.mean(r["train_s"] for r in advice_rows if r["mode"] == "none")
+        _efficiency(advice_rows, advice_ref)
+        for mode, a in advised.items():
+            mine = [r for r in advice_rows if r["mode"] == mode]
+            eff = [r["efficiency_vs_none"] for r in mine]
+            blocking = [b for r in mine for b in r["blocking_s"]]
+            a.update(
+                efficiency_median=statistics.median(eff),
+                efficiency_min=min(eff),
+                efficiency_max=max(eff),
+                blocked_share_median=statistics.median(r["blocked_share"] for r in mine),
+                blocking_median_s=statistics.median(blocking) if blocking else None,
+                reaches_99=statistics.median(eff) > 0.99,
+            )
+        nones = [r["train_s"] for r in advice_rows if r["mode"] == "none"]
+        noise = {"none_min_s": min(nones), "none_max_s": max(nones), "ref_s": advice_ref}
     return {
         "bench": "checkpoint",
         "config": {
@@ -108,6 +207,10 @@ def run(
             "steps": steps,
             "step_sleep": step_sleep,
             "world": 4,
+            "mtbf_s": mtbf_s,
+            "repeats": repeats,
+            "advice_modes": list(advice_modes),
+            "advice_steps": advice_steps,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -119,21 +222,46 @@ def run(
         },
         "reference_train_s": round(ref, 3),
         "rows": rows,
+        "advised": advised,
+        "advice_rows": advice_rows,
+        "advice_reference": noise if advised else None,
     }
 
 
+def _row(r: dict[str, Any]) -> str:
+    return (
+        f"| {r['mode']} | {r['interval'] or '-'} | {r['steps']} | {r['load_avg_1m']} "
+        f"| {r['train_s']} | {r['efficiency_vs_none']:.1%} | {r['checkpoints']} "
+        f"| {r['blocking_median_s']} / {r['blocking_p90_s']} / {r['blocking_max_s']} "
+        f"| {r['blocked_share']:.2%} |"
+    )
+
+
 def table(result: dict[str, Any]) -> str:
-    out = [
-        "| checkpoint | every N steps | training time (s) | efficiency vs none "
-        "| checkpoints | blocking per checkpoint median / max (s) | blocked share |",
-        "|---|---|---|---|---|---|---|",
+    head = [
+        "| checkpoint | every N steps | steps | load 1 min | training time (s) "
+        "| efficiency vs none | checkpoints | blocking per checkpoint median / p90 / max (s) "
+        "| blocked share |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        out.append(
-            f"| {r['mode']} | {r['interval'] or '-'} | {r['train_s']} "
-            f"| {r['efficiency_vs_none']:.1%} | {r['checkpoints']} "
-            f"| {r['blocking_median_s']} / {r['blocking_max_s']} | {r['blocked_share']:.2%} |"
-        )
+    out = head + [_row(r) for r in result["rows"]]
+    if result.get("advised"):
+        mtbf_h = result["config"]["mtbf_s"] / 3600
+        out += ["", f"At the advised interval (MTBF {mtbf_h:.2f} h):", ""]
+        out += head + [_row(r) for r in result["advice_rows"]]
+        out += [
+            "",
+            "| checkpoint | cost (s) | Daly interval (s) | every N steps | efficiency median "
+            "(min-max) | blocked share median | > 99 % |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for mode, a in result["advised"].items():
+            out.append(
+                f"| {mode} | {a['cost_s']:.4f} | {a['interval_s']:.2f} | {a['every_steps']} "
+                f"| {a['efficiency_median']:.1%} ({a['efficiency_min']:.1%}-"
+                f"{a['efficiency_max']:.1%}) | {a['blocked_share_median']:.2%} "
+                f"| {'yes' if a['reaches_99'] else 'no'} |"
+            )
     return "\n".join(out)
 
 
@@ -143,6 +271,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--modes", default=",".join(SAVE_MODES))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--step-sleep", type=float, default=0.02)
+    p.add_argument("--no-advice", action="store_true", help="the grid only")
+    p.add_argument("--mtbf-h", type=float, default=DEFAULT_MTBF_S / 3600)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--advice-modes", default="async,async-staged")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     res = run(
@@ -150,6 +282,10 @@ def main(argv: list[str] | None = None) -> None:
         steps=a.steps,
         modes=tuple(m for m in a.modes.split(",") if m),
         step_sleep=a.step_sleep,
+        advice_runs=not a.no_advice,
+        mtbf_s=a.mtbf_h * 3600,
+        repeats=a.repeats,
+        advice_modes=tuple(m for m in a.advice_modes.split(",") if m),
     )
     print(table(res))
     if a.json:
