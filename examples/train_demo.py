@@ -41,15 +41,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from nvidia_resiliency_ext import inprocess
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from agent import faults, sdk, storehost
 
 td = datetime.timedelta
 
-CKPT_MODES = ("async", "async-staged", "async-process", "sync", "torch", "none")
+CKPT_MODES = ("async", "async-staged", "sync", "torch", "none")
 
 
 def _gather_objects_without_numpy() -> None:
@@ -94,9 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=CKPT_MODES,
         default="async",
         help="async: dcp.async_save (default); async-staged: dcp.save in one long-lived "
-        "thread from reused staging buffers; async-process: dcp.async_save with DCP's "
-        "checkpoint process and a reused shared-memory stager; sync: dcp.save; torch: "
-        "torch.save by rank 0 (not resumable); none: no checkpoints",
+        "thread from reused staging buffers; sync: dcp.save; torch: torch.save by rank 0 "
+        "(not resumable); none: no checkpoints",
     )
     p.add_argument(
         "--no-wrapper",
@@ -208,16 +205,6 @@ def save_checkpoint(args, mem, rank, model, opt, target: str, ckpt_root: Path) -
         if "saver" not in mem:
             mem["saver"] = StagedSaver(pg)
         mem["pending"] = mem["saver"].save(state, target)
-    elif args.ckpt_mode == "async-process":
-        if "stager" not in mem:  # DCP reuses a stager's buffers between saves
-            mem["stager"] = DefaultStager(StagingOptions(False, True, False, False))
-        mem["pending"] = dcp.async_save(
-            state,
-            checkpoint_id=target,
-            process_group=pg,
-            async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-            async_stager=mem["stager"],
-        )
     elif args.ckpt_mode == "sync":
         dcp.save(state, checkpoint_id=target, process_group=pg)
     elif rank == 0:  # torch: one replica is the whole state in data parallel

@@ -5,8 +5,8 @@ servers and the store host of `backend.bench.recovery.Nodes`), no faults, one jo
 configuration: no checkpoint, then for each interval N a synchronous save every N steps
 (`torch.save` of the state by rank 0, and `dcp.save` on every rank) and
 `dcp.async_save` every N steps (the demo's default; it waits for the previous save before
-starting the next) and its variants (`async-staged`, `async-process`; see the demo), then
-no checkpoint again (the spread of the reference).
+starting the next) and its staged variant (`async-staged`, see the demo), then no
+checkpoint again (the spread of the reference).
 
 Then, with `advice=True`, the interval trainguard's advice recommends: for each
 asynchronous mode, its measured blocking time per checkpoint (median over the grid's runs)
@@ -39,7 +39,7 @@ from backend.analytics import advice
 from backend.bench.recovery import Nodes, logs_tail, supervise
 
 SAVE_MODES = ("torch", "sync", "async", "async-staged")
-ASYNC_MODES = ("async", "async-staged", "async-process")
+ASYNC_MODES = ("async", "async-staged")
 ALL_SAVE_MODES = ("torch", "sync", *ASYNC_MODES)
 # Llama 3 405B: 419 unexpected interruptions in 54 days (reference/anchors.md), ~3.1 h
 DEFAULT_MTBF_S = advice.LLAMA3_DAYS * 86400 / advice.LLAMA3_INTERRUPTIONS
