@@ -311,9 +311,18 @@ def bench_recovery(
 def bench_checkpoint(
     intervals: Annotated[str, typer.Option(help="comma-separated checkpoint intervals")] = "10,50",
     steps: Annotated[int, typer.Option(min=20)] = 300,
+    modes: Annotated[str, typer.Option(help="comma-separated save modes")] = "",
+    advice: Annotated[
+        bool, typer.Option(help="also run the async modes at the advised interval")
+    ] = True,
+    mtbf_h: Annotated[
+        float, typer.Option(min=0.0, help="MTBF for the advice, hours (0: Llama 3's job)")
+    ] = 0.0,
+    repeats: Annotated[int, typer.Option(min=1, max=10)] = 2,
 ) -> None:
-    """Training with no checkpoint vs torch.save vs DCP save vs DCP async_save."""
-    from backend.bench.checkpoint import run, table
+    """Training with no checkpoint vs torch.save vs DCP save vs DCP async_save (and its
+    staged variant), then the async modes at the interval the advice recommends."""
+    from backend.bench.checkpoint import ALL_SAVE_MODES, DEFAULT_MTBF_S, SAVE_MODES, run, table
 
     try:
         every = tuple(int(x) for x in intervals.split(",") if x.strip())
@@ -321,7 +330,19 @@ def bench_checkpoint(
         fail(f"--intervals takes integers like 10,50, not {intervals!r}")
     if not every or min(every) < 1:
         fail("--intervals needs positive integers")
-    typer.echo(table(run(intervals=every, steps=steps)))
+    wanted = tuple(m.strip() for m in modes.split(",") if m.strip()) or SAVE_MODES
+    bad = [m for m in wanted if m not in ALL_SAVE_MODES]
+    if bad:
+        fail(f"--modes takes {', '.join(ALL_SAVE_MODES)}; not {', '.join(bad)}")
+    result = run(
+        intervals=every,
+        steps=steps,
+        modes=wanted,
+        advice_runs=advice,
+        mtbf_s=mtbf_h * 3600 if mtbf_h else DEFAULT_MTBF_S,
+        repeats=repeats,
+    )
+    typer.echo(table(result))
 
 
 @bench_app.command("soak")
