@@ -80,6 +80,43 @@ _PG_TYPES = [_pg_type(c) for c in SAMPLE_COLUMNS]
 _SAMPLE_FIELDS = attrgetter(*SAMPLE_COLUMNS[1:])  # a wire sample's values, column order
 
 
+# PostgreSQL: the group's batch keys and node updates as one statement each, arrays in
+# (the same text every time, so psycopg parses it once; SQLAlchemy's insertmanyvalues and
+# executemany rebuild a statement or a parameter set per group or per row).
+_PG_INSERT_BATCH_KEYS = """
+INSERT INTO ingest_batches (node_id, agent_id, seq, received_at, samples)
+SELECT * FROM unnest(%s::int4[], %s::text[], %s::int8[], %s::float8[], %s::int4[])
+ON CONFLICT DO NOTHING
+RETURNING node_id, agent_id, seq
+"""
+_PG_UPDATE_NODES_ARGS = (
+    "b_id",
+    "last_seen",
+    "agent_id",
+    "clock_offset_s",
+    "simulated",
+    "has_samples",
+    "util_avg",
+    "temp_max",
+    "last_xid_at",
+)
+_PG_UPDATE_NODES = """
+UPDATE nodes AS n SET
+    last_seen = v.last_seen,
+    agent_id = v.agent_id,
+    clock_offset_s = v.clock_offset_s,
+    simulated = v.simulated,
+    util_avg = CASE WHEN v.has_samples THEN v.util_avg ELSE n.util_avg END,
+    temp_max = CASE WHEN v.has_samples THEN v.temp_max ELSE n.temp_max END,
+    last_xid_at = COALESCE(v.last_xid_at, n.last_xid_at)
+FROM unnest(%s::int4[], %s::float8[], %s::text[], %s::float8[], %s::bool[], %s::bool[],
+            %s::float8[], %s::float8[], %s::float8[])
+    AS v(id, last_seen, agent_id, clock_offset_s, simulated, has_samples, util_avg,
+         temp_max, last_xid_at)
+WHERE n.id = v.id
+"""
+
+
 class DatabaseUnavailable(Exception):
     """The batch was not stored because of the database (down, busy, failing): retry."""
 
@@ -290,7 +327,20 @@ class IngestWriter:
         for it, key in zip(group, keys, strict=True):
             first.setdefault(key, it)
         inserted: set[tuple[int, str, int]] = set()
-        if first:
+        if first and self._pg:
+            keys_in = list(first.items())
+            result = conn.exec_driver_sql(
+                _PG_INSERT_BATCH_KEYS,
+                (
+                    [k[0] for k, _ in keys_in],
+                    [k[1] for k, _ in keys_in],
+                    [k[2] for k, _ in keys_in],
+                    [it.received_at for _, it in keys_in],
+                    [len(it.batch.samples) for _, it in keys_in],
+                ),
+            )
+            inserted = {(r[0], r[1], r[2]) for r in result}
+        elif first:
             stmt = (
                 self._insert_ignore(IngestBatch)
                 .on_conflict_do_nothing()
@@ -390,6 +440,9 @@ class IngestWriter:
             xids = [e.ts for e in b.events if e.kind in ("xid", "gpu_lost")]
             if xids:
                 row["last_xid_at"] = max(xids)
+        if self._pg:
+            self._update_nodes_pg(conn, list(latest.values()))
+            return
         from sqlalchemy import bindparam
 
         # Group rows by their key set so each executemany has one statement shape.
@@ -403,6 +456,16 @@ class IngestWriter:
                 rows,
                 execution_options={"synchronize_session": False},
             )
+
+    def _update_nodes_pg(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """One UPDATE .. FROM unnest(arrays) for every node in the group: one statement
+        text whatever the group's size, where an executemany costs a round of parameter
+        handling per row (py-spy: most of the writer's own CPU at 512 batches/s)."""
+        cols = {k: [r.get(k) for r in rows] for k in ("b_id", "last_seen", "agent_id")}
+        cols |= {k: [r.get(k) for r in rows] for k in ("clock_offset_s", "simulated")}
+        cols |= {k: [r.get(k) for r in rows] for k in ("util_avg", "temp_max", "last_xid_at")}
+        cols["has_samples"] = ["util_avg" in r for r in rows]
+        conn.exec_driver_sql(_PG_UPDATE_NODES, tuple(cols[k] for k in _PG_UPDATE_NODES_ARGS))
 
     def _upsert_gpus(self, conn: Connection, fresh: list[tuple[_Item, int]]) -> None:
         rows: dict[str, dict[str, Any]] = {}

@@ -181,3 +181,33 @@ def test_the_writer_reconnects_when_its_kept_connection_is_killed(
         assert r.json()["stored_samples"] == 8
         assert writer._conn.connection.driver_connection.info.backend_pid != pid
     assert count(pg_database, Sample) == 16
+
+
+def test_the_node_summary_follows_its_batches(client: Any, db_url: str) -> None:
+    """nodes.util_avg / temp_max come from the newest batch with samples, last_xid_at from
+    the newest XID, last_seen and the clock offset from every batch (one statement for the
+    whole group on PostgreSQL, an executemany per shape on SQLite: the same row)."""
+    from backend.models import Node
+
+    def node() -> Any:
+        engine = create_engine(db_url)
+        with engine.connect() as conn:
+            row = conn.execute(select(Node).where(Node.name == NODE)).one()
+        engine.dispose()
+        return row
+
+    assert client.post("/api/v1/ingest", content=make_batch(1)).status_code == 200
+    first = node()
+    assert (first.util_avg, first.temp_max) == (3.5, 57.0)
+    assert first.last_xid_at is not None and first.agent_id == "agent000001"
+    assert abs(first.clock_offset_s) < 5
+    quiet = wire.Batch(node=NODE, agent_id="agent000001", seq=2, sent_at=time.time() - 30)
+    assert client.post("/api/v1/ingest", content=wire.encode(quiet)).status_code == 200
+    second = node()
+    assert (second.util_avg, second.temp_max, second.last_xid_at) == (
+        3.5,
+        57.0,
+        first.last_xid_at,
+    )
+    assert second.last_seen >= first.last_seen
+    assert -32 < second.clock_offset_s < -28  # this batch was "sent" 30 s before arriving
