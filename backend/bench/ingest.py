@@ -126,7 +126,8 @@ def _gen_worker(
         err: list[int] = []
         slip: list[float] = []
         await asyncio.gather(*(node_loop(n, lat, err, slip) for n in nodes))
-        out.put({"lat": lat, "errors": len(err), "slip": slip})
+        t = os.times()
+        out.put({"lat": lat, "errors": len(err), "slip": slip, "cpu_s": t.user + t.system})
 
     asyncio.run(main())
 
@@ -138,6 +139,29 @@ def _rss_cpu(pid: int) -> tuple[float, float]:
         fields = f.read().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return rss, cpu
+
+
+def _machine_busy() -> float:
+    """CPU seconds spent busy by the whole machine so far (/proc/stat, all cores)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _postgres_cpu() -> float:
+    """CPU seconds of every local `postgres` process (a local server: the bench's)."""
+    total = 0.0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+        except OSError:
+            continue
+        if head.endswith("(postgres"):
+            fields = rest.split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _count(url: str) -> int:
@@ -240,6 +264,7 @@ def run(
             for w in range(workers)
         ]
         _, cpu0 = _rss_cpu(server.pid)
+        busy0, pg0 = _machine_busy(), _postgres_cpu()
         t0 = time.monotonic()
         for p in procs:
             p.start()
@@ -248,6 +273,7 @@ def run(
             p.join()
         elapsed = time.monotonic() - t0
         rss, cpu1 = _rss_cpu(server.pid)
+        busy1, pg1 = _machine_busy(), _postgres_cpu()
     finally:
         server.terminate()
         server.wait(30)
@@ -282,6 +308,11 @@ def run(
         "latency_p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 1) if lat else None,
         "backend_cpu_pct_of_core": round(100 * (cpu1 - cpu0) / elapsed, 1),
         "backend_rss_mib": round(rss, 1),
+        # The same machine ran the load and the database: what they took, in cores.
+        "load_generator_cpu_cores": round(sum(r["cpu_s"] for r in results) / elapsed, 2),
+        "postgres_cpu_cores": round((pg1 - pg0) / elapsed, 2),
+        "machine_busy_cores": round((busy1 - busy0) / elapsed, 2),
+        "machine_cores": os.cpu_count(),
     }
     if url.startswith("postgresql"):
         raw = raw_copy_rate(url)
