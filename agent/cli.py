@@ -91,6 +91,10 @@ def server(
         log_level=log_level,
         log_config=uvicorn_log_config(log_format, log_level),  # type: ignore[arg-type]
         timeout_graceful_shutdown=3,
+        # Agents keep one connection and send every agent_batch_interval_s: an idle
+        # timeout shorter than that closes it between batches (a failed send, a new TCP
+        # and TLS handshake each time).
+        timeout_keep_alive=int(max(5.0, 2 * settings.agent_batch_interval_s + 5)),
     )
 
 
