@@ -389,11 +389,16 @@ def bench_agent(
     gpus: Annotated[int, typer.Option(min=1, max=64)] = 8,
     ranks: Annotated[int, typer.Option(min=1, max=64)] = 8,
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8312,
+    sdk_flush_s: Annotated[
+        float, typer.Option(min=0.01, max=10, help="ranks' SDK flush interval (default 0.1)")
+    ] = 0.1,
 ) -> None:
     """Agent CPU and RSS with simulated GPUs and SDK ranks; the SDK step-hook cost."""
     from backend.bench.agent import run
 
-    _print_report(run(duration=duration, gpus=gpus, ranks=ranks, port=port))
+    _print_report(
+        run(duration=duration, gpus=gpus, ranks=ranks, port=port, sdk_flush_s=sdk_flush_s)
+    )
 
 
 @bench_app.command("retention")

@@ -23,7 +23,7 @@ TOKEN = "bench-token-0123456789abcdef"
 _RANK = """
 import os, time
 from agent import sdk
-tg = sdk.attach()
+tg = sdk.attach(flush_interval=float(os.environ["BENCH_SDK_FLUSH_S"]))
 end = time.monotonic() + float(os.environ["BENCH_SECONDS"])
 n = 0
 while time.monotonic() < end:
@@ -64,7 +64,13 @@ def hook_cost_us(socket_path: str, steps: int = 50_000, repeats: int = 5) -> flo
         tg.close()
 
 
-def run(duration: float = 60.0, gpus: int = 8, ranks: int = 8, port: int = 8312) -> dict[str, Any]:
+def run(
+    duration: float = 60.0,
+    gpus: int = 8,
+    ranks: int = 8,
+    port: int = 8312,
+    sdk_flush_s: float = 0.1,
+) -> dict[str, Any]:
     from backend.demo import start_server
 
     tmp = Path(tempfile.mkdtemp(prefix="tg-bench-agent-"))
@@ -114,6 +120,7 @@ def run(duration: float = 60.0, gpus: int = 8, ranks: int = 8, port: int = 8312)
                         "WORLD_SIZE": str(ranks),
                         "TRAINGUARD_JOB": "bench-agent",
                         "BENCH_SECONDS": str(duration + warmup + 5),
+                        "BENCH_SDK_FLUSH_S": str(sdk_flush_s),
                     },
                 )
             )
@@ -134,6 +141,7 @@ def run(duration: float = 60.0, gpus: int = 8, ranks: int = 8, port: int = 8312)
         "gpus": gpus,
         "ranks": ranks,
         "rank_steps_per_s": ranks * 10,
+        "sdk_flush_s": sdk_flush_s,
         "duration_s": round(elapsed, 1),
         "agent_cpu_pct_of_core": round(100 * (cpu1 - cpu0) / elapsed, 2),
         "agent_rss_mib_start": round(rss0, 1),
