@@ -118,7 +118,8 @@ def run(
         names = [f"soak-{i:05d}" for i in range(nodes)]
         gens = [
             ctx.Process(
-                target=_gen_worker, args=(base, names[w::workers], gpus, period, duration, q)
+                target=_gen_worker,
+                args=(base, names[w::workers], gpus, period, period, duration, q),
             )
             for w in range(workers if nodes else 0)
         ]
