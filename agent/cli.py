@@ -269,6 +269,12 @@ def bench_decision(
     data_dir: Annotated[Path, typer.Option()] = Path("data/bench-decision"),
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8313,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+    load_nodes: Annotated[
+        int, typer.Option(min=0, help="8-GPU nodes of ingest load meanwhile (0: none)")
+    ] = 0,
+    load_batch_interval: Annotated[
+        float, typer.Option(min=0.5, max=30, help="seconds between a load node's batches")
+    ] = 4.0,
 ) -> None:
     """Evidence arrival -> decision -> command acked by a real agent, p50/p99."""
     from backend.bench.decision import run
@@ -281,6 +287,8 @@ def bench_decision(
             data_dir=data_dir,
             port=port,
             out_json=json_out,
+            load_nodes=load_nodes,
+            load_batch_interval=load_batch_interval,
         )
     )
 

@@ -66,8 +66,14 @@ def run(
     data_dir: Path = Path("data/bench-decision"),
     port: int = 8312,
     out_json: Path | None = None,
+    load_nodes: int = 0,
+    load_batch_interval: float = 4.0,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns (and writes to `out_json`) the report."""
+    """Run the benchmark; returns (and writes to `out_json`) the report. With `load_nodes`,
+    `bench ingest`'s load generators (2 processes) play that many 8-GPU nodes batching
+    every `load_batch_interval` s against the same server for the whole run."""
+    import multiprocessing as mp
+
     import httpx
 
     from agent import wire
@@ -89,6 +95,7 @@ def run(
         "TRAINGUARD_DATABASE_URL": url,
         "TRAINGUARD_POLICY_FILE": str(policy),
         "TRAINGUARD_NODE_DOWN_AFTER_S": "3600",
+        "TRAINGUARD_AGENT_BATCH_INTERVAL_S": str(load_batch_interval),
     }
     base = f"http://127.0.0.1:{port}"
     logs = (data_dir / "server.log").open("wb"), (data_dir / "agent.log").open("wb")
@@ -97,7 +104,25 @@ def run(
     headers = {"Authorization": f"Bearer {TOKEN}"}
     sent: dict[str, float] = {}
     http = httpx.Client(base_url=base, headers=headers, timeout=30)
+    load: list[Any] = []
     try:
+        if load_nodes:
+            from backend.bench.ingest import _gen_worker
+
+            ctx = mp.get_context("spawn")
+            names = [f"bench-{i:05d}" for i in range(load_nodes)]
+            span = events * interval + 60.0  # warm-up and collection included
+            load = [
+                ctx.Process(
+                    target=_gen_worker,
+                    args=(base, names[w::2], 8, 1.0, load_batch_interval, span, ctx.Queue()),
+                    daemon=True,
+                )
+                for w in range(2)
+            ]
+            for p in load:
+                p.start()
+            time.sleep(load_batch_interval + 2)  # every node registered, steady state
         agent = subprocess.Popen(
             [
                 *(sys.executable, "-m", "agent.cli", "agent", "--server", base),
@@ -164,6 +189,8 @@ def run(
         engine = http.get("/api/v1/engine").json()
     finally:
         http.close()
+        for p in load:
+            p.terminate()
         for p in (agent, server):
             if p is not None and p.poll() is None:
                 p.terminate()
@@ -184,6 +211,11 @@ def run(
         "database": url.split(":", 1)[0],
         "events": events,
         "interval_s": interval,
+        "ingest_load": (
+            f"{load_nodes} nodes x 8 GPUs, a batch every {load_batch_interval:g} s"
+            if load_nodes
+            else "none"
+        ),
         "offered_events_per_s": round(events / send_s, 1),
         "delivered": len(incidents),
         "missing": events - len(incidents),
