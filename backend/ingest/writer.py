@@ -231,7 +231,14 @@ class IngestWriter:
                 group.append(item)
                 rows += len(item.batch.samples)
                 urgent = urgent or bool(item.batch.events)
-            self._store_group(group)
+            # Under load a group holds hundreds of routine batches: the evidence in it goes
+            # first, in a transaction of its own, so the engine is not kept waiting.
+            urgent_items = [it for it in group if it.batch.events]
+            if urgent and len(urgent_items) < len(group):
+                self._store_group(urgent_items)
+                self._store_group([it for it in group if not it.batch.events])
+            else:
+                self._store_group(group)
 
     def _connection(self) -> Connection:
         """The writer's own connection, kept between transactions: a pool checkout pings

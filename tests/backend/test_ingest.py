@@ -211,3 +211,31 @@ def test_the_node_summary_follows_its_batches(client: Any, db_url: str) -> None:
     )
     assert second.last_seen >= first.last_seen
     assert -32 < second.clock_offset_s < -28  # this batch was "sent" 30 s before arriving
+
+
+def test_evidence_in_a_busy_group_is_stored_first_in_its_own_transaction(db_url: str) -> None:
+    """Batches queued together form one group; the one carrying an event (evidence the
+    engine waits for) is committed before the routine ones, in its own transaction."""
+    from backend import db
+    from backend.ingest.writer import IngestWriter
+
+    order: list[list[int]] = []
+    engine = db.make_engine(db_url)
+    writer = IngestWriter(
+        engine, on_stored=lambda stored: order.append([b.seq for b, _ in stored.batches])
+    )
+    routine = [wire.decode_batch(make_batch(seq)) for seq in range(1, 11)]
+    for b in routine:
+        b.events = []
+    evidence = wire.decode_batch(make_batch(11))  # carries an XID event
+    futures = [writer.submit(b, time.time()) for b in (*routine[:5], evidence, *routine[5:])]
+    writer.start()  # everything is queued already: one group
+    try:
+        results = [f.result(timeout=30) for f in futures]
+    finally:
+        writer.stop()
+        engine.dispose()
+    assert [r.duplicate for r in results] == [False] * 11
+    assert order == [[11], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+    assert writer.stats["transactions"] == 2 and writer.stats["batches"] == 11
+    assert count(db_url, Sample) == 88
