@@ -67,7 +67,7 @@ def test_long_poll_returns_when_a_command_is_created(client: Any) -> None:
 
 
 def test_bad_restart_requests_get_clear_errors(make_client: Any) -> None:
-    client = make_client(node_down_after_s=0.2, agent_batch_interval_s=0.1)
+    client = make_client(node_down_after_s=0.2)
     r = client.post("/api/v1/jobs/nope/restarts", json={"level": "launcher", "reason": "x"})
     assert r.status_code == 404 and "nope" in r.json()["detail"]
     register_job(client)

@@ -144,13 +144,14 @@ def test_a_batch_interval_that_would_mark_healthy_nodes_degraded_is_refused() ->
 
     from backend.settings import Settings
 
-    assert Settings(agent_batch_interval_s=7.5, node_down_after_s=15).agent_batch_interval_s == 7.5
+    assert Settings(agent_batch_interval_s=5, node_down_after_s=15).agent_batch_interval_s == 5
+    assert Settings(node_down_after_s=0.2).agent_batch_interval_s == 0  # default: no pace
     try:
-        Settings(agent_batch_interval_s=8, node_down_after_s=15)
+        Settings(agent_batch_interval_s=5.5, node_down_after_s=15)
     except pydantic.ValidationError as exc:
-        assert "at most half of node_down_after_s (7.5 s)" in str(exc)
+        assert "between 0 and a third of node_down_after_s (5 s)" in str(exc)
     else:
-        raise AssertionError("a batch interval over half the down threshold was accepted")
+        raise AssertionError("a batch interval over a third of the down threshold was accepted")
 
 
 def test_the_writer_reconnects_when_its_kept_connection_is_killed(
