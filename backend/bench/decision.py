@@ -77,15 +77,11 @@ def run(
     import httpx
 
     from agent import wire
-    from backend import db
+    from backend.bench.common import fresh_database
     from backend.demo import start_server
 
     data_dir = data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    url = database_url or f"sqlite:///{data_dir / 'bench.db'}"
-    if url.startswith("sqlite"):
-        Path(url.split("///", 1)[1]).unlink(missing_ok=True)
-    db.upgrade(url)
+    url = fresh_database(data_dir, database_url, "bench.db")
     policy = data_dir / "policy.toml"
     policy.write_text(POLICY)
     run_id = uuid.uuid4().hex[:8]

@@ -256,14 +256,10 @@ def run(
     out_json: Path | None,
     batch_interval: float | None = None,
 ) -> dict[str, Any]:
-    from backend import db
+    from backend.bench.common import fresh_database
     from backend.demo import start_server
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    url = database_url or f"sqlite:///{(data_dir / 'bench.db').resolve()}"
-    if url.startswith("sqlite"):
-        Path(url.split("///", 1)[1]).unlink(missing_ok=True)
-    db.upgrade(url)
+    url = fresh_database(data_dir, database_url, "bench.db")
     before = _count(url)
     batch_interval = batch_interval or period
     env = {

@@ -344,6 +344,7 @@ def run(
     json_out: Path | None = None,
 ) -> dict[str, Any]:
     from backend import db
+    from backend.bench.common import fresh_database
     from backend.demo import start_server
 
     """Simulate `days` ending now for `gpus` GPUs under `policy`, measure, then time the
@@ -355,12 +356,7 @@ def run(
     dense_s = 2 * policy.raw_retention_s if dense_s is None else dense_s
     if old_period < period:
         raise BenchError("--old-period must be at least --period")
-    data_dir.mkdir(parents=True, exist_ok=True)
-    url = database_url or f"sqlite:///{(data_dir / 'retention.db').resolve()}"
-    if url.startswith("sqlite"):
-        for suffix in ("", "-wal", "-shm"):
-            Path(url.split("///", 1)[1] + suffix).unlink(missing_ok=True)
-    db.upgrade(url)
+    url = fresh_database(data_dir, database_url, "retention.db")
     engine = db.make_engine(url)
     # The simulated days end now, so the server's clock and the data agree.
     end = float(math.floor(time.time()))

@@ -57,16 +57,12 @@ def run(
     The full RSS series goes to `json_out` (with the report); the returned dict holds the
     summary only, one value per key.
     """
-    from backend import db
+    from backend.bench.common import fresh_database
     from backend.demo import wait_ready
 
     duration = minutes * 60
     warmup_s = min(warmup_s, duration / 3)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    url = database_url or f"sqlite:///{(data_dir / 'soak.db').resolve()}"
-    if url.startswith("sqlite"):
-        Path(url.split("///", 1)[1]).unlink(missing_ok=True)
-    db.upgrade(url)
+    url = fresh_database(data_dir, database_url, "soak.db")
     before = _count(url)
     env = {
         **os.environ,
