@@ -66,9 +66,17 @@ async def ingest(request: Request) -> Response:
     return await handle(request)
 
 
+def _unavailable() -> HTTPException:
+    return HTTPException(503, "database unavailable, retry later", headers={"Retry-After": "2"})
+
+
 async def handle(request: Request) -> Response:
-    """Authorize, read, decode, check, store; raises HTTPException with the message."""
-    principal = await authorize(request, "agent")
+    """Authorize, read, decode, check, store; raises HTTPException with the message (503
+    when the database is unavailable, for the token lookup or the write)."""
+    try:
+        principal = await authorize(request, "agent")
+    except OperationalError:
+        raise _unavailable() from None
     limit: int = request.app.state.settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
@@ -93,9 +101,7 @@ async def handle(request: Request) -> Response:
     except BatchRefused as exc:
         raise HTTPException(422, f"invalid batch: the database refused it: {exc}") from None
     except DatabaseUnavailable:
-        raise HTTPException(
-            503, "database unavailable, retry later", headers={"Retry-After": "2"}
-        ) from None
+        raise _unavailable() from None
     result.batch_interval_s = request.app.state.settings.agent_batch_interval_s
     return Response(wire.encode(result), media_type="application/json")
 
@@ -103,8 +109,7 @@ async def handle(request: Request) -> Response:
 class IngestFastPath:
     """Answers `POST /api/v1/ingest` ahead of the framework's routing (see the module doc);
     every other request goes to the app unchanged. Errors have the app's shape:
-    `{"detail": ...}` with the HTTPException's status and headers, 503 when the token
-    lookup cannot reach the database."""
+    `{"detail": ...}` with the HTTPException's status and headers."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -121,13 +126,6 @@ class IngestFastPath:
                 msgspec.json.encode({"detail": exc.detail}),
                 exc.status_code,
                 headers=exc.headers,
-                media_type="application/json",
-            )
-        except OperationalError:
-            response = Response(
-                b'{"detail":"database unavailable, retry later"}',
-                503,
-                headers={"Retry-After": "2"},
                 media_type="application/json",
             )
         await response(scope, receive, send)
