@@ -83,8 +83,9 @@ _SAMPLE_FIELDS = attrgetter(*SAMPLE_COLUMNS[1:])  # a wire sample's values, colu
 # PostgreSQL: the group's batch keys and node updates as one statement each, arrays in
 # (the same text every time, so psycopg parses it once; SQLAlchemy's insertmanyvalues and
 # executemany rebuild a statement or a parameter set per group or per row).
-_PG_INSERT_BATCH_KEYS = """
-INSERT INTO ingest_batches (node_id, agent_id, seq, received_at, samples)
+_BATCH_KEY_COLUMNS = ("node_id", "agent_id", "seq", "received_at", "samples")
+_PG_INSERT_BATCH_KEYS = f"""
+INSERT INTO ingest_batches ({", ".join(_BATCH_KEY_COLUMNS)})
 SELECT * FROM unnest(%s::int4[], %s::text[], %s::int8[], %s::float8[], %s::int4[])
 ON CONFLICT DO NOTHING
 RETURNING node_id, agent_id, seq
@@ -234,7 +235,7 @@ class IngestWriter:
             # Under load a group holds hundreds of routine batches: the evidence in it goes
             # first, in a transaction of its own, so the engine is not kept waiting.
             urgent_items = [it for it in group if it.batch.events]
-            if urgent and len(urgent_items) < len(group):
+            if 0 < len(urgent_items) < len(group):
                 self._store_group(urgent_items)
                 self._store_group([it for it in group if not it.batch.events])
             else:
@@ -333,37 +334,27 @@ class IngestWriter:
         first: dict[tuple[int, str, int], _Item] = {}
         for it, key in zip(group, keys, strict=True):
             first.setdefault(key, it)
-        inserted: set[tuple[int, str, int]] = set()
-        if first and self._pg:
-            keys_in = list(first.items())
-            result = conn.exec_driver_sql(
-                _PG_INSERT_BATCH_KEYS,
-                (
-                    [k[0] for k, _ in keys_in],
-                    [k[1] for k, _ in keys_in],
-                    [k[2] for k, _ in keys_in],
-                    [it.received_at for _, it in keys_in],
-                    [len(it.batch.samples) for _, it in keys_in],
-                ),
-            )
-            inserted = {(r[0], r[1], r[2]) for r in result}
-        elif first:
-            stmt = (
+        rows = [
+            {
+                "node_id": key[0],
+                "agent_id": key[1],
+                "seq": key[2],
+                "received_at": it.received_at,
+                "samples": len(it.batch.samples),
+            }
+            for key, it in first.items()
+        ]
+        if self._pg:
+            arrays = tuple([r[c] for r in rows] for c in _BATCH_KEY_COLUMNS)
+            found = conn.exec_driver_sql(_PG_INSERT_BATCH_KEYS, arrays)
+        else:
+            found = conn.execute(
                 self._insert_ignore(IngestBatch)
                 .on_conflict_do_nothing()
-                .returning(IngestBatch.node_id, IngestBatch.agent_id, IngestBatch.seq)
+                .returning(IngestBatch.node_id, IngestBatch.agent_id, IngestBatch.seq),
+                rows,
             )
-            rows = [
-                {
-                    "node_id": key[0],
-                    "agent_id": key[1],
-                    "seq": key[2],
-                    "received_at": it.received_at,
-                    "samples": len(it.batch.samples),
-                }
-                for key, it in first.items()
-            ]
-            inserted = {tuple(r) for r in conn.execute(stmt, rows).all()}  # type: ignore[misc]
+        inserted = {(r[0], r[1], r[2]) for r in found}
         fresh: list[tuple[_Item, int]] = []
         dup_flags = []
         for it, key in zip(group, keys, strict=True):
@@ -468,9 +459,7 @@ class IngestWriter:
         """One UPDATE .. FROM unnest(arrays) for every node in the group: one statement
         text whatever the group's size, where an executemany costs a round of parameter
         handling per row (py-spy: most of the writer's own CPU at 512 batches/s)."""
-        cols = {k: [r.get(k) for r in rows] for k in ("b_id", "last_seen", "agent_id")}
-        cols |= {k: [r.get(k) for r in rows] for k in ("clock_offset_s", "simulated")}
-        cols |= {k: [r.get(k) for r in rows] for k in ("util_avg", "temp_max", "last_xid_at")}
+        cols = {k: [r.get(k) for r in rows] for k in _PG_UPDATE_NODES_ARGS}
         cols["has_samples"] = ["util_avg" in r for r in rows]
         conn.exec_driver_sql(_PG_UPDATE_NODES, tuple(cols[k] for k in _PG_UPDATE_NODES_ARGS))
 
