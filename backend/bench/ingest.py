@@ -322,7 +322,7 @@ def run(
         ),
         # How far behind its schedule the load generator sent (p99): when this grows,
         # the generator, not the backend, set the pace.
-        "send_lag_p99_ms": round(1000 * slip[int(0.99 * (len(slip) - 1))], 1) if slip else None,
+        "send_lag_p99_ms": _ms(slip, 0.99),
         "errors": sum(r["errors"] for r in results),
         # Steady state: every batch but each node's first (its registration).
         "latency_p50_ms": _ms(lat, 0.5),
