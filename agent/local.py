@@ -10,6 +10,11 @@ heartbeat), turns SDK messages into wire records in `agent.outbox`, and watches 
   max(hang_min_s, hang_factor x the rank's recent step interval): an urgent `hang` event;
 - the pid is alive but heartbeats stopped: an urgent `heartbeat_lost` event.
 
+The loop sleeps until something happens: a datagram, a rank's exit (a pidfd per rank,
+`os.pidfd_open`, readable once the process has exited), or the next instant a clock check
+can fire (a hang or heartbeat deadline, computed from the rank table). Where pidfds are
+unavailable (pre-5.3 kernels, seccomp), ranks are polled in /proc every `check_interval`.
+
 The executor uses `request_restart` to reach the ranks and `wait_until` to follow them.
 """
 
@@ -17,7 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import os
+import selectors
 import socket
 import statistics
 import threading
@@ -32,6 +40,10 @@ from agent.wire import Event, RankStatus, StepReport
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
+_SLACK_S = 0.01  # wake this long after a deadline, so the check finds it passed
+
 
 @dataclass
 class ProcInfo:
@@ -42,9 +54,12 @@ class ProcInfo:
 
 def proc_info(pid: int) -> ProcInfo | None:
     """What /proc says about a pid; None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
+    try:  # os.open/os.read: three system calls, where open() adds fstat, ioctl, lseeks
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            raw = os.read(fd, 4096).decode(errors="replace")
+        finally:
+            os.close(fd)
     except OSError:
         return None
     rest = raw[raw.rfind(")") + 2 :].split()  # fields after "pid (comm)"
@@ -86,6 +101,7 @@ class RankRecord:
     finished: bool = False
     heartbeat_lost_reported: bool = False
     restart_raised: dict[str, float] = field(default_factory=dict)  # request id -> ts
+    pidfd: int | None = None  # readable once the process has exited; None: poll /proc
 
 
 class LocalServer:
@@ -115,10 +131,14 @@ class LocalServer:
         self._by_addr: dict[Any, int] = {}
         self._attempts: dict[str, int] = {}
         self.unknown_messages = 0
+        self.wakeups = 0  # times the loop woke up (datagrams, exits, deadlines, stop)
         self.cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
+        self._sel: selectors.BaseSelector | None = None
+        self._wake_r = self._wake_w = -1
+        self._next_check = math.inf  # monotonic time of the next clock check
 
     # --- component life cycle -----------------------------------------------------------
 
@@ -128,55 +148,158 @@ class LocalServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         sock.bind(self.socket_path)
-        sock.settimeout(self.check_interval)
+        sock.setblocking(False)
         self._sock = sock
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(sock, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self.agent.outbox.ranks_provider = self.rank_statuses
         self._stop.clear()
+        self._next_check = math.inf
         self._thread = threading.Thread(target=self._run, name="tg-local", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._wake_w >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
         if self._thread is not None:
             self._thread.join(timeout=5)
+        with self.cond:
+            for rec in self.ranks.values():
+                self._unwatch(rec)
+        if self._sel is not None:
+            self._sel.close()
+            self._sel = None
         if self._sock is not None:
             self._sock.close()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
 
     # --- the loop -----------------------------------------------------------------------
 
     def _run(self) -> None:
-        assert self._sock is not None
-        next_check = time.monotonic()
+        assert self._sock is not None and self._sel is not None
+        sock, sel = self._sock, self._sel
         while not self._stop.is_set():
+            left = self._next_check - time.monotonic()
+            ready = sel.select(None if left == math.inf else max(0.0, left))
+            self.wakeups += 1
+            if self._stop.is_set():
+                return
+            exited = [k.data for k, _ in ready if isinstance(k.data, RankRecord)]
+            # epoll reports every ready fd: what a rank sent before it exited is seen
+            # together with its pidfd, so a wake-up without the socket has nothing to read
+            datagrams: list[tuple[bytes, Any]] = []
+            drained = True
+            if any(k.fileobj is sock for k, _ in ready):
+                datagrams, drained = self._receive(sock)
+            with self.cond:
+                touched: list[RankRecord] = []
+                for data, addr in datagrams:
+                    rec = self._message(data, addr)
+                    if rec is not None:
+                        touched.append(rec)
+                if drained:
+                    # The socket is empty, so everything an exited rank sent (its steps,
+                    # its "bye") is in the table before its exit is reported; otherwise the
+                    # (level-triggered) pidfd is seen again on the next turn.
+                    now = time.time()
+                    for rec in exited:
+                        self._pidfd_exited(rec, now)
+                mono = time.monotonic()
+                if mono >= self._next_check:
+                    self._next_check = self._check(mono)
+                elif touched:
+                    # a message can only bring its own rank's deadline closer
+                    now = time.time()
+                    for rec in {id(r): r for r in touched}.values():
+                        self._next_check = min(self._next_check, self._check_rank(rec, mono, now))
+                self.cond.notify_all()
+
+    def _receive(
+        self, sock: socket.socket, limit: int = 1024
+    ) -> tuple[list[tuple[bytes, Any]], bool]:
+        """The datagrams waiting on the socket (at most `limit`); True when it is empty."""
+        out: list[tuple[bytes, Any]] = []
+        while len(out) < limit:
             try:
-                data, addr = self._sock.recvfrom(65536)
-            except TimeoutError:
-                data, addr = b"", None
+                out.append(sock.recvfrom(65536))
+            except (BlockingIOError, InterruptedError):
+                return out, True
             except OSError:
                 if self._stop.is_set():
-                    return
+                    return out, True
                 raise
-            if data:
-                try:
-                    msg = json.loads(data)
-                except ValueError:
-                    self.unknown_messages += 1
-                    msg = None
-                if isinstance(msg, dict):
-                    with self.cond:
-                        try:
-                            self._handle(msg, addr)
-                        except (KeyError, TypeError, ValueError):  # a malformed message
-                            self.unknown_messages += 1
-                        self.cond.notify_all()
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + self.check_interval
-                with self.cond:
-                    self._check(now)
-                    self.cond.notify_all()
+        return out, False
+
+    def _message(self, data: bytes, addr: Any) -> RankRecord | None:
+        """Handle one datagram (under `cond`); the rank it was about, if any."""
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            self.unknown_messages += 1
+            return None
+        if not isinstance(msg, dict):
+            return None
+        try:
+            return self._handle(msg, addr)
+        except (KeyError, TypeError, ValueError):  # a malformed message
+            self.unknown_messages += 1
+            return None
+
+    # --- exit watch ---------------------------------------------------------------------
+
+    def _watch(self, rec: RankRecord) -> None:
+        """Open a pidfd for the rank (in the loop thread): its exit then wakes the loop.
+        Without one (no pidfd_open here, or the process is already gone) the rank is
+        polled in /proc every check_interval."""
+        if self._sel is None or rec.pidfd is not None:
+            return
+        try:
+            fd = os.pidfd_open(rec.pid)
+        except ProcessLookupError:
+            return  # gone already: the next /proc check reports it
+        except (AttributeError, OSError) as exc:
+            log.debug("no pidfd for pid %d (%s): polling /proc", rec.pid, exc)
+            return
+        rec.pidfd = fd
+        self._sel.register(fd, selectors.EVENT_READ, rec)
+
+    def _unwatch(self, rec: RankRecord) -> None:
+        if rec.pidfd is None:
+            return
+        if self._sel is not None:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(rec.pidfd)
+        os.close(rec.pidfd)
+        rec.pidfd = None
+
+    def _pidfd_exited(self, rec: RankRecord, now: float) -> None:
+        """The rank's pidfd became readable: the process has exited. The exit status is
+        read from /proc while the process is a zombie its parent has not reaped."""
+        self._unwatch(rec)
+        if not rec.alive:
+            return
+        self._exited(rec, self._own_zombie(rec, proc_info(rec.pid)), now)
+
+    @staticmethod
+    def _own_zombie(rec: RankRecord, info: ProcInfo | None) -> ProcInfo | None:
+        """`info` when it shows the rank's own process as a zombie (its exit status is
+        there until the parent reaps it), else None."""
+        if info is None or info.state != "Z":
+            return None
+        if rec.start_ticks and info.start_ticks != rec.start_ticks:
+            return None  # a new process on the reused pid
+        return info
 
     def _put_event(
         self,
@@ -200,19 +323,18 @@ class LocalServer:
             urgent=urgent,
         )
 
-    def _handle(self, msg: dict[str, Any], addr: Any) -> None:
+    def _handle(self, msg: dict[str, Any], addr: Any) -> RankRecord | None:
         kind = msg.get("t")
         if kind in ("hello", "heartbeat", "iteration", "bye"):
-            self._identity(msg, addr)
-            return
+            return self._identity(msg, addr)
         if kind == "inject_xid":
             self._inject_xid(msg)
-            return
+            return None
         pid = self._by_addr.get(addr)
         rec = self.ranks.get(pid) if pid is not None else None
         if rec is None:
             self.unknown_messages += 1
-            return
+            return None
         if kind == "steps":
             for item in msg["v"]:
                 n, a, b = item[:3]
@@ -277,19 +399,27 @@ class LocalServer:
             )
         else:
             self.unknown_messages += 1
+        return rec
 
-    def _identity(self, msg: dict[str, Any], addr: Any) -> None:
+    def _identity(self, msg: dict[str, Any], addr: Any) -> RankRecord:
         pid = int(msg["pid"])
         now = time.time()
         rec = self.ranks.get(pid)
-        info = proc_info(pid)
-        if (
-            rec is not None
-            and info is not None
-            and rec.start_ticks
-            and info.start_ticks != rec.start_ticks
-        ):
-            rec = None  # the pid was reused by a new process
+        info: ProcInfo | None = None
+        if rec is None or rec.pidfd is None or msg.get("t") == "hello":
+            # A watched live rank is known to be the same process: its pidfd would have
+            # fired (a reused pid starts with "hello"); others are checked in /proc.
+            info = proc_info(pid)
+            if (
+                rec is not None
+                and info is not None
+                and rec.start_ticks
+                and info.start_ticks != rec.start_ticks
+            ):
+                self._unwatch(rec)  # the pid was reused by a new process
+                if rec.alive:
+                    self._exited(rec, None, now)
+                rec = None
         if rec is None:
             rec = RankRecord(
                 pid=pid,
@@ -301,6 +431,7 @@ class LocalServer:
                 progress_mono=time.monotonic(),
             )
             self.ranks[pid] = rec
+            self._watch(rec)
             rec.local_rank = int(msg.get("local_rank", 0))
             rec.world_size = int(msg.get("world_size", 1))
             rec.attempt = int(msg.get("attempt", 0))
@@ -357,6 +488,7 @@ class LocalServer:
         rec.heartbeat_lost_reported = False
         if msg.get("t") == "bye":
             rec.clean_exit = True
+        return rec
 
     def _step(
         self, rec: RankRecord, n: int, start: float, end: float, compute: float | None = None
@@ -411,52 +543,76 @@ class LocalServer:
             return max(self.hang_min_s, self.hang_first_step_s)
         return max(self.hang_min_s, self.hang_factor * statistics.median(rec.intervals))
 
-    def _check(self, mono: float) -> None:
+    def _check(self, mono: float) -> float:
+        """The clock checks of every rank; returns the monotonic time of the next one
+        (inf: nothing to check until a message or an exit comes)."""
         now = time.time()
-        for pid, rec in list(self.ranks.items()):
-            if not rec.alive:
-                if rec.exited_at is not None and now - rec.exited_at > self.keep_exited_s:
+        next_t = math.inf
+        for rec in list(self.ranks.values()):
+            next_t = min(next_t, self._check_rank(rec, mono, now))
+        return next_t
+
+    def _check_rank(self, rec: RankRecord, mono: float, now: float) -> float:
+        """One rank's checks (a /proc poll too when it has no pidfd); returns when it
+        next needs checking, assuming nothing happens meanwhile. Steps, heartbeats and
+        the end of a checkpoint only move that time later; a message that can bring it
+        closer is about this rank, and the loop calls this for it."""
+        pid = rec.pid
+        if not rec.alive:
+            if rec.exited_at is None:
+                return math.inf
+            if now - rec.exited_at > self.keep_exited_s:
+                if self.ranks.get(pid) is rec:
                     del self.ranks[pid]
                     self._by_addr.pop(rec.addr, None)
-                continue
+                return math.inf
+            return mono + (rec.exited_at + self.keep_exited_s - now) + _SLACK_S
+        next_t = math.inf
+        if rec.pidfd is None:
             info = proc_info(pid)
             if (
                 info is None
                 or info.state in ("Z", "X")
                 or (rec.start_ticks and info.start_ticks != rec.start_ticks)
             ):
-                self._exited(rec, info if info is not None and info.state == "Z" else None, now)
-                continue
-            hb_age = now - rec.last_heartbeat if rec.last_heartbeat else 0.0
-            if hb_age > self.heartbeat_timeout_s:
-                if not rec.heartbeat_lost_reported:
-                    rec.heartbeat_lost_reported = True
-                    self._put_event(
-                        "heartbeat_lost",
-                        rec,
-                        urgent=True,
-                        message=f"rank {rec.rank} pid {pid}: no heartbeat for {hb_age:.1f} s",
-                        pid=pid,
-                        age_s=round(hb_age, 3),
-                    )
-                continue
-            if rec.finished or rec.clean_exit or rec.in_checkpoint or rec.restarting:
-                continue
-            stalled = mono - rec.progress_mono
-            threshold = self.hang_threshold(rec)
-            if stalled > threshold and not rec.hang_reported:
-                rec.hang_reported = True
+                self._exited(rec, self._own_zombie(rec, info), now)
+                return mono + self.keep_exited_s + _SLACK_S
+            next_t = mono + self.check_interval
+        hb_age = now - rec.last_heartbeat if rec.last_heartbeat else 0.0
+        if hb_age > self.heartbeat_timeout_s:
+            if not rec.heartbeat_lost_reported:
+                rec.heartbeat_lost_reported = True
                 self._put_event(
-                    "hang",
+                    "heartbeat_lost",
                     rec,
                     urgent=True,
-                    message=f"rank {rec.rank} pid {pid}: alive, heartbeating, no step "
-                    f"for {stalled:.1f} s (threshold {threshold:.1f} s)",
+                    message=f"rank {rec.rank} pid {pid}: no heartbeat for {hb_age:.1f} s",
                     pid=pid,
-                    last_step=rec.last_step,
-                    stalled_s=round(stalled, 3),
-                    threshold_s=round(threshold, 3),
+                    age_s=round(hb_age, 3),
                 )
+            return next_t
+        if rec.last_heartbeat:
+            next_t = min(next_t, mono + (self.heartbeat_timeout_s - hb_age) + _SLACK_S)
+        if rec.finished or rec.clean_exit or rec.in_checkpoint or rec.restarting:
+            return next_t
+        stalled = mono - rec.progress_mono
+        threshold = self.hang_threshold(rec)
+        if stalled > threshold and not rec.hang_reported:
+            rec.hang_reported = True
+            self._put_event(
+                "hang",
+                rec,
+                urgent=True,
+                message=f"rank {rec.rank} pid {pid}: alive, heartbeating, no step "
+                f"for {stalled:.1f} s (threshold {threshold:.1f} s)",
+                pid=pid,
+                last_step=rec.last_step,
+                stalled_s=round(stalled, 3),
+                threshold_s=round(threshold, 3),
+            )
+        if not rec.hang_reported:
+            next_t = min(next_t, rec.progress_mono + threshold + _SLACK_S)
+        return next_t
 
     def _exited(self, rec: RankRecord, zombie: ProcInfo | None, now: float) -> None:
         rec.alive = False

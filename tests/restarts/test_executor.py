@@ -183,12 +183,22 @@ def test_commands_finding_the_launcher_mid_restart_ack_its_restart_not_failed(
 def test_ranks_dying_during_an_in_process_restart_follow_the_launcher(
     make_node, spawn, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
+    # One rank is stuck (stopped) when the command comes, so the restart request reaches
+    # only its peer; it dies while the peer restarts in process, and its launcher ends the
+    # peer and restarts the group. (The agent sees an exit at once, so the rank is killed
+    # after the command took the job's ranks, not before.)
     node = make_node()
     backend = BackendStandIn()
     loop = CommandLoop(node.agent, node.local, transport=backend, node="n1", spool_dir=tmp_path)
-    launcher, old = _launch_and_kill_a_worker(node, spawn, delay=1.0)
+    launcher = spawn([LAUNCHER, "2"], node.local.socket_path, MINI_LAUNCHER_RESTART_DELAY="1.0")
+    wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
+    old = {r.pid for r in node.local.job_ranks("job1")}
+    stuck = min(old)
+    os.kill(stuck, signal.SIGSTOP)
     t = loop.handle(command("c1", "in_process", attempt=0, iteration=0))
     assert t is not None
+    wait_for(lambda: "torn_down" in backend.phases("c1"), timeout=20)  # the peer raised
+    os.kill(stuck, signal.SIGKILL)
     t.join(40)
     acks = [a for c, a in backend.acks if c == "c1"]
     assert [a.phase for a in acks] == ["delivered", "torn_down", "restarted", "resumed"], acks

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import time
 
@@ -104,8 +106,6 @@ def test_an_xid_posted_through_the_socket_reaches_the_simulated_gpus(make_node) 
 
 def test_a_forked_child_does_not_report_for_the_rank(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # NVRx forks a monitor process from every rank; its exit must not say "bye" for it
-    import os
-
     tg = sdk.attach(job="j", socket_path=str(tmp_path / "none.sock"), install_signal_handler=False)
     try:
         pid = os.fork()
@@ -122,3 +122,61 @@ def test_a_forked_child_does_not_report_for_the_rank(tmp_path) -> None:  # type:
         assert tg.dropped >= before + 1
     finally:
         tg.close()
+
+
+def test_an_exit_wakes_the_server_at_once_without_any_polling(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+    # no clock check can fire within the test: only the rank's pidfd can report the exit
+    node = make_node(check_interval=3600, heartbeat_timeout_s=3600, hang_first_step_s=3600)
+    p = spawn([RANK, "--exit-at", "5", "--exit-code", "3"], node.local.socket_path)
+    (exit_,) = wait_for(lambda: node.kinds("rank_exit"), timeout=20)
+    assert exit_.data["exit_code"] == 3  # read from the zombie, before the test reaps it
+    assert p.wait(timeout=5) == 3
+    rec = node.local.ranks[p.pid]
+    assert not rec.alive and rec.pidfd is None  # closed once it fired
+    assert rec.last_step == 4
+
+
+def test_without_pidfds_ranks_are_polled_in_proc(make_node, spawn, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "pidfd_open not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    node = make_node(check_interval=0.05)
+    a = spawn([RANK, "--exit-at", "5", "--exit-code", "3"], node.local.socket_path, RANK="0")
+    b = spawn([RANK], node.local.socket_path, RANK="1")
+    wait_for(lambda: b.pid in node.local.ranks and node.local.ranks[b.pid].last_step, timeout=20)
+    assert node.local.ranks[b.pid].pidfd is None
+    b.send_signal(signal.SIGKILL)
+    exits = wait_for(lambda: len(node.kinds("rank_exit")) == 2 and node.kinds("rank_exit"), 20)
+    by_rank = {e.rank: e for e in exits}
+    assert by_rank[0].data["exit_code"] == 3
+    assert by_rank[1].data["signal"] == signal.SIGKILL
+    a.wait(5), b.wait(5)
+
+
+def test_the_server_does_not_wake_while_nothing_happens(make_node) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    before = node.local.wakeups
+    time.sleep(1.0)  # the window observed, not a synchronisation: the old loop woke 10 times
+    assert node.local.wakeups == before
+
+
+def test_a_stopped_rank_is_reported_heartbeat_lost_and_recovers(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(heartbeat_timeout_s=1.0, hang_min_s=30.0)
+    p = spawn([RANK], node.local.socket_path)
+    wait_for(lambda: p.pid in node.local.ranks and node.local.ranks[p.pid].last_step, timeout=20)
+    p.send_signal(signal.SIGSTOP)  # alive, but neither steps nor heartbeats
+    (lost,) = wait_for(lambda: node.kinds("heartbeat_lost"), timeout=20)
+    assert lost.data["pid"] == p.pid and lost.data["age_s"] > 1.0
+    assert not node.kinds("hang") and not node.kinds("rank_exit")
+    p.send_signal(signal.SIGCONT)
+    wait_for(lambda: not node.local.ranks[p.pid].heartbeat_lost_reported, timeout=20)
+    assert node.local.ranks[p.pid].alive
+
+
+def test_an_exited_rank_leaves_the_table_after_keep_exited_s(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(keep_exited_s=0.5)
+    p = spawn([RANK, "--steps", "3"], node.local.socket_path)
+    wait_for(lambda: node.kinds("rank_exit"), timeout=20)
+    wait_for(lambda: p.pid not in node.local.ranks, timeout=20)
+    assert node.local.rank_statuses() == []
