@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -36,9 +37,22 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["RestartRequested", "Session", "attach", "current", "default_socket_path"]
+__all__ = [
+    "FLUSH_INTERVAL_S",
+    "RestartRequested",
+    "Session",
+    "attach",
+    "current",
+    "default_socket_path",
+]
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._:@/-]")
+
+# Queued steps are sent at most this often. A step is sent at once when nothing was
+# sent for this long (slow steps arrive as they end, so the agent's hang check sees
+# them) and when it is the first of a generation (after attach, a new iteration or a
+# raised restart: the agent's `resumed` waits for it).
+FLUSH_INTERVAL_S = 1.0
 
 
 class RestartRequested(Exception):
@@ -131,7 +145,7 @@ class Session:
         heartbeat_interval: float = 1.0,
         signal_after: float = 2.0,
         install_signal_handler: bool = True,
-        flush_interval: float = 0.1,
+        flush_interval: float = FLUSH_INTERVAL_S,
     ) -> None:
         self.job = job
         self.rank = rank
@@ -154,11 +168,15 @@ class Session:
         self._closed = threading.Event()
         self._forked = False
         # Steps are queued by the hook (an append, no system call) and sent by the
-        # heartbeat thread every flush_interval.
+        # heartbeat thread every flush_interval, or at once when the hook sets _kick:
+        # for a step ending at or after _flush_due (a flush interval after the last
+        # send; 0 for the first step of a generation).
         # (step, start, end) or (step, start, end, compute seconds)
         self._steps: deque[tuple[float, ...]] = deque()
         self._compute: float | None = None
         self.flush_interval = min(flush_interval, heartbeat_interval)
+        self._flush_due = 0.0
+        self._kick = threading.Event()
         self.max_pending_steps = 100_000
         self._flush_lock = threading.Lock()
         self._main_ident = threading.main_thread().ident
@@ -229,6 +247,9 @@ class Session:
             steps.append((n, start, end))
         else:
             steps.append((n, start, end, compute))
+        if end >= self._flush_due:
+            self._flush_due = math.inf  # one kick; the send sets the next due time
+            self._kick.set()
         if self._restart_pending:
             self._raise_restart()
 
@@ -247,6 +268,7 @@ class Session:
 
     def _raise_restart(self) -> None:
         self._restart_pending = False
+        self._flush_due = 0.0  # the re-entry's first step goes at once
         self._send({"t": "restart_raised", "id": self._restart_id, "ts": time.time()})
         raise RestartRequested(self._restart_reason or "restart requested by trainguard")
 
@@ -319,6 +341,7 @@ class Session:
         with self._flush_lock:  # the old iteration's queued steps go first
             self._drain_steps()
             self._send(self._identity("iteration"))
+            self._flush_due = 0.0  # the new iteration's first step goes at once
 
     def finished(self) -> None:
         """No more steps will come (the agent stops watching this rank for hangs)."""
@@ -342,17 +365,33 @@ class Session:
     # --- background threads -----------------------------------------------------------
 
     def _beat(self) -> None:
-        next_beat = time.monotonic() + self.heartbeat_interval
-        while not self._closed.wait(self.flush_interval):
-            self._flush_steps()
-            if time.monotonic() >= next_beat:
-                next_beat += self.heartbeat_interval
+        """Send the queued steps every flush_interval (and when the hook kicks), the
+        identity every heartbeat_interval; both on one clock, so when they coincide the
+        agent gets the two datagrams back to back."""
+        now = time.monotonic()
+        next_flush = now + self.flush_interval
+        next_beat = now + self.heartbeat_interval
+        while True:
+            kicked = self._kick.wait(max(0.0, min(next_flush, next_beat) - time.monotonic()))
+            if self._closed.is_set():
+                break
+            if kicked:
+                self._kick.clear()
+                self._flush_steps()
+                continue
+            now = time.monotonic()
+            if now >= next_flush:
+                self._flush_steps()
+                next_flush = _next_tick(next_flush, self.flush_interval, now)
+            if now >= next_beat:
                 self._send(self._identity("heartbeat"))
+                next_beat = _next_tick(next_beat, self.heartbeat_interval, now)
         self._flush_steps()
 
     def flush(self) -> None:
         """Send the steps queued so far now (the heartbeat thread does it every
-        flush_interval; close() does it too)."""
+        flush_interval, and at once for a step that starts a generation or ends a flush
+        interval after the last send; close() does it too)."""
         self._flush_steps()
 
     def _flush_steps(self) -> None:
@@ -364,13 +403,14 @@ class Session:
         A lost datagram counts each of its steps as dropped. Callers hold _flush_lock, so
         steps and a new iteration reach the agent in the order they happened."""
         steps = self._steps
+        if not steps:
+            return
         while steps:
             chunk: list[tuple[float, ...]] = []
             while steps and len(chunk) < 1000:
                 chunk.append(steps.popleft())
             body = ",".join(
-                ("[%d,%.6f,%.6f]" if len(c) == 3 else "[%d,%.6f,%.6f,%.6f]") % c
-                for c in chunk
+                ("[%d,%.6f,%.6f]" if len(c) == 3 else "[%d,%.6f,%.6f,%.6f]") % c for c in chunk
             )
             if self._forked:
                 return
@@ -378,6 +418,7 @@ class Session:
             self._send_bytes(b'{"t":"steps","v":[' + body.encode() + b"]}")
             if self.dropped != before:
                 self.dropped += len(chunk) - 1
+        self._flush_due = time.time() + self.flush_interval
 
     def _listen(self) -> None:
         while not self._closed.is_set():
@@ -421,10 +462,18 @@ class Session:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._kick.set()  # the heartbeat thread ends
         self._flush_steps()
         self._send(self._identity("bye"))
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+def _next_tick(t: float, interval: float, now: float) -> float:
+    """The next tick of a fixed-rate clock; after a stall (suspended, starved) it
+    restarts from now instead of catching up in a burst."""
+    t += interval
+    return t if t > now else now + interval
 
 
 _current: Session | None = None
@@ -440,7 +489,7 @@ def attach(
     heartbeat_interval: float = 1.0,
     signal_after: float = 2.0,
     install_signal_handler: bool = True,
-    flush_interval: float = 0.1,
+    flush_interval: float = FLUSH_INTERVAL_S,
 ) -> Session:
     """Attach this process to the node agent; arguments override the environment
     (TORCHELASTIC_RUN_ID/SLURM_JOB_ID, RANK, LOCAL_RANK, WORLD_SIZE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -180,3 +181,46 @@ def test_an_exited_rank_leaves_the_table_after_keep_exited_s(make_node, spawn) -
     wait_for(lambda: node.kinds("rank_exit"), timeout=20)
     wait_for(lambda: p.pid not in node.local.ranks, timeout=20)
     assert node.local.rank_statuses() == []
+
+
+def test_the_first_step_of_a_generation_and_a_slow_step_are_sent_at_once(make_node) -> None:  # type: ignore[no-untyped-def]
+    # The executor acks `resumed` at the first step of every rank's new generation; with
+    # an hour between regular flushes, only the at-once send can bring it.
+    node = make_node()
+    tg = sdk.attach(
+        job="j",
+        socket_path=node.local.socket_path,
+        install_signal_handler=False,
+        heartbeat_interval=3600,
+        flush_interval=3600,
+    )
+    try:
+        rec = wait_for(lambda: node.local.ranks.get(tg.pid), timeout=10)
+        with tg.step(0):
+            pass
+        wait_for(lambda: rec.last_step == 0, timeout=10)
+        sent = tg.sent
+        with tg.step(1):  # a later step waits for the next flush
+            pass
+        assert tg.sent == sent and rec.last_step == 0
+        tg.restart_iteration(1)  # sends step 1, then the new iteration
+        wait_for(lambda: rec.iteration == 1 and rec.first_step_end_this_iteration is None, 10)
+        assert rec.last_step == 1
+        with tg.step(2):
+            pass
+        wait_for(lambda: rec.first_step_end_this_iteration is not None, timeout=10)
+        assert rec.last_step == 2
+        # after a raised restart, re-entering without a new iteration: sent at once too
+        node.local.request_restart("j", "req-1")
+        wait_for(lambda: tg.restart_requests == 1, timeout=10)
+        with contextlib.suppress(sdk.RestartRequested), tg.step(3):
+            pass
+        with tg.step(3):
+            pass
+        wait_for(lambda: rec.last_step == 3, timeout=10)
+        # a step ending a flush interval after the last send (a slow step): at once too
+        end = time.time() + 3601
+        tg.step_done(4, end - 1, end)
+        wait_for(lambda: rec.last_step == 4, timeout=10)
+    finally:
+        tg.close()
