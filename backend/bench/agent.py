@@ -23,7 +23,8 @@ TOKEN = "bench-token-0123456789abcdef"
 _RANK = """
 import os, time
 from agent import sdk
-tg = sdk.attach(flush_interval=float(os.environ["BENCH_SDK_FLUSH_S"]))
+flush = os.environ.get("BENCH_SDK_FLUSH_S")
+tg = sdk.attach(**({"flush_interval": float(flush)} if flush else {}))
 end = time.monotonic() + float(os.environ["BENCH_SECONDS"])
 n = 0
 while time.monotonic() < end:
@@ -69,8 +70,10 @@ def run(
     gpus: int = 8,
     ranks: int = 8,
     port: int = 8312,
-    sdk_flush_s: float = 0.1,
+    sdk_flush_s: float | None = None,
 ) -> dict[str, Any]:
+    """`sdk_flush_s`: the ranks' SDK flush interval; None: the SDK's default."""
+    from agent.sdk import FLUSH_INTERVAL_S
     from backend.demo import start_server
 
     tmp = Path(tempfile.mkdtemp(prefix="tg-bench-agent-"))
@@ -120,7 +123,7 @@ def run(
                         "WORLD_SIZE": str(ranks),
                         "TRAINGUARD_JOB": "bench-agent",
                         "BENCH_SECONDS": str(duration + warmup + 5),
-                        "BENCH_SDK_FLUSH_S": str(sdk_flush_s),
+                        "BENCH_SDK_FLUSH_S": "" if sdk_flush_s is None else str(sdk_flush_s),
                     },
                 )
             )
@@ -141,7 +144,7 @@ def run(
         "gpus": gpus,
         "ranks": ranks,
         "rank_steps_per_s": ranks * 10,
-        "sdk_flush_s": sdk_flush_s,
+        "sdk_flush_s": FLUSH_INTERVAL_S if sdk_flush_s is None else sdk_flush_s,
         "duration_s": round(elapsed, 1),
         "agent_cpu_pct_of_core": round(100 * (cpu1 - cpu0) / elapsed, 2),
         "agent_rss_mib_start": round(rss0, 1),
