@@ -71,7 +71,7 @@ def server(
     """Run the backend (API, ingest, live stream, dashboard at /)."""
     import uvicorn
 
-    from backend.app import create_app
+    from backend.app import create_app, tune_gc
     from backend.logs import uvicorn_log_config
 
     if log_format not in ("text", "json"):
@@ -83,9 +83,11 @@ def server(
             "no token configured: set TRAINGUARD_ADMIN_TOKEN (>= 16 chars), create one with "
             "`trainguard token create`, or run `trainguard demo`"
         )
+    api = create_app(settings)
+    tune_gc()
     # Open SSE streams would hold a shutdown forever: give connections 3 s to finish.
     uvicorn.run(
-        create_app(settings),
+        api,
         host=host,
         port=port,
         log_level=log_level,
