@@ -84,7 +84,8 @@ def server(
             "`trainguard token create`, or run `trainguard demo`"
         )
     api = create_app(settings)
-    tune_gc()
+    if settings.gc_tuning:
+        tune_gc()
     # Open SSE streams would hold a shutdown forever: give connections 3 s to finish.
     uvicorn.run(
         api,

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     retention_interval_s: float = 60.0
     # Writer: group commit of concurrent ingest batches.
     writer_max_delay_s: float = 0.05
+    # `trainguard server` freezes its startup heap and collects young objects less often
+    # (backend/app.py: tune_gc); false keeps CPython's defaults (for comparison).
+    gc_tuning: bool = True
     # Long-poll cap for agents' command requests.
     command_wait_max_s: float = 30.0
     # Analytics (docs/goodput.md). Stragglers: a rank is flagged when its relative score
