@@ -66,7 +66,11 @@ def _gen_worker(
     host, port = url.removeprefix("http://").split(":")
 
     async def node_loop(
-        node: str, lat: list[float], first: list[float], err: list[int], slip: list[float]
+        node: str,
+        lat: list[tuple[float, float]],
+        first: list[float],
+        err: list[int],
+        slip: list[float],
     ) -> None:
         # One keep-alive connection per node, as a real agent holds one.
         conn = _Conn(host, int(port))
@@ -125,14 +129,18 @@ def _gen_worker(
             if status == 200:
                 # An agent's first batch registers its node and GPUs: a one-time cost,
                 # reported apart from the steady state.
-                (first if seq == 1 else lat).append(time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                if seq == 1:
+                    first.append(took)
+                else:
+                    lat.append((time.time(), took))
             else:
                 err.append(status)
             nxt += batch_interval
             await asyncio.sleep(max(0.0, nxt - time.monotonic()))
 
     async def main() -> None:
-        lat: list[float] = []
+        lat: list[tuple[float, float]] = []  # (when sent, epoch s; latency s)
         err: list[int] = []
         slip: list[float] = []
         first: list[float] = []
@@ -162,6 +170,16 @@ def _rss_cpu(pid: int) -> tuple[float, float]:
 
 def _ms(ordered: list[float], q: float) -> float | None:
     return round(1000 * ordered[int(q * (len(ordered) - 1))], 1) if ordered else None
+
+
+def _by_window(sent_lat: list[tuple[float, float]], window: float) -> list[float | None]:
+    if not sent_lat:
+        return []
+    start = sent_lat[0][0]
+    windows: list[list[float]] = [[] for _ in range(int((sent_lat[-1][0] - start) // window) + 1)]
+    for when, took in sent_lat:
+        windows[int((when - start) // window)].append(took)
+    return [_ms(sorted(w), 0.99) for w in windows]
 
 
 def _machine_busy() -> float:
@@ -297,7 +315,8 @@ def run(
         server.terminate()
         server.wait(30)
     stored = _count(url) - before
-    lat = sorted(x for r in results for x in r["lat"])
+    sent_lat = sorted((when, took) for r in results for when, took in r["lat"])
+    lat = sorted(took for _, took in sent_lat)
     first = sorted(x for r in results for x in r["first"])
     slip = sorted(x for r in results for x in r["slip"])
     per_batch = max(1, round(batch_interval / period))
@@ -327,6 +346,9 @@ def run(
         # Steady state: every batch but each node's first (its registration).
         "latency_p50_ms": _ms(lat, 0.5),
         "latency_p99_ms": _ms(lat, 0.99),
+        # The p99 of each 10 s of the run by send time: a tail that comes back at a
+        # period (a timer, a full garbage collection) shows as a pattern here.
+        "latency_p99_by_10s_ms": _by_window(sent_lat, 10.0),
         "first_batch_p50_ms": _ms(first, 0.5),
         "first_batch_p99_ms": _ms(first, 0.99),
         "backend_cpu_pct_of_core": round(100 * (cpu1 - cpu0) / elapsed, 1),
