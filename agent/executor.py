@@ -16,10 +16,11 @@ was observed, via `POST /api/v1/commands/{id}/acks`:
 - exclude_node / stop_job are not carried out by this executor (cordon hooks are the
   backend's); they are acked `failed` with the reason.
 
-When the job's workers here are already gone, or die during an in_process restart, while
-their launcher lives (ft_launcher restarting its worker group after a rank death), the
-command follows that restart instead of failing: it waits for the launcher's new workers
-and acks torn_down / restarted / resumed with their times, noting that the launcher did
+When the job's workers here are already gone, or die during an in_process restart (also
+after re-entering, before their first step), while their launcher lives (ft_launcher
+restarting its worker group after a rank death), the command follows that restart
+instead of failing: it waits for the launcher's new workers and acks the phases not yet
+acked (torn_down / restarted / resumed) with their times, noting that the launcher did
 it. A command finding ranks already in a later generation than the fault's (the
 command's attempt/iteration) acks that restart the same way and restarts nothing.
 
@@ -35,6 +36,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -318,7 +320,7 @@ class CommandLoop:
 
         ts = local.wait_until(restarted, self.restarted_timeout_s)
         if ts is not None and ts < 0:
-            self._follow_launcher(cmd, known, torn_down_acked=True)
+            self._follow_launcher(cmd, known, acked={"torn_down"})
             return
         if ts is None:
             self._ack(cmd.id, "failed", time.time(), "ranks did not re-enter")
@@ -329,17 +331,30 @@ class CommandLoop:
 
     def _ack_resumed(self, cmd: Command, pids: set[int], detail: str = "") -> None:
         """Ack `resumed` at the first completed step of every one of these ranks in its
-        new generation, or `failed` if that does not come in time."""
+        new generation, or `failed` if that does not come in time. When all of them die
+        first (a launcher ending the survivors of a rank that died before the command
+        came), the launcher's restart is followed as in the `restarted` phase."""
         local, job = self.local, cmd.job
 
         def resumed() -> float | None:
             recs = [r for r in local.job_ranks(job) if r.pid in pids]
+            if not recs:
+                return -1.0  # every one of them died: the launcher takes over
             ends = [r.first_step_end_this_iteration for r in recs]
-            if recs and all(e is not None for e in ends):
+            if all(e is not None for e in ends):
                 return max(e for e in ends if e is not None)
             return None
 
         ts = local.wait_until(resumed, self.resumed_timeout_s)
+        if ts is not None and ts < 0:
+            with local.cond:
+                ranks = local.job_ranks(job, alive_only=False)
+                latest = max((r.attempt for r in ranks if r.pid in pids), default=0)
+                # Their generation (with a peer that died before the command came), not a
+                # new one the launcher may have started already.
+                known = [r for r in ranks if r.attempt == latest]
+            self._follow_launcher(cmd, known, acked={"torn_down", "restarted"})
+            return
         if ts is None:
             self._ack(cmd.id, "failed", time.time(), "no step completed after the restart")
             return
@@ -373,16 +388,15 @@ class CommandLoop:
         self._ack(cmd.id, "restarted", max(started), detail)
         self._ack_resumed(cmd, {r.pid for r in recs}, detail)
 
-    def _follow_launcher(
-        self, cmd: Command, known: list[Any], torn_down_acked: bool = False
-    ) -> None:
+    def _follow_launcher(self, cmd: Command, known: list[Any], acked: Collection[str] = ()) -> None:
         """The job's workers here are gone (or going) although the command did not end
         them: their launcher is restarting the worker group (ft_launcher after a rank
         death). Wait for its new workers and ack that restart, with its own times, as
         this command's; `failed` only when no launcher lives to restart them (after
         `relaunch_grace_s`) or no new workers come within `restarted_timeout_s`.
 
-        `known`: every record of the job here (alive or exited) when the command came."""
+        `known`: every record of the job here (alive or exited) when the command came, or
+        of the generation that died; `acked`: the phases this command acked already."""
         local, job = self.local, cmd.job
         if not known or all(r.clean_exit or r.finished for r in known):
             # Never here, or its ranks here finished their work: nothing will come back.
@@ -414,12 +428,13 @@ class CommandLoop:
             self._ack(cmd.id, "failed", time.time(), f"the workers of job {job} exited and {why}")
             return
         detail = f"restarted by the job's launcher (attempt {max(r.attempt for r in fresh)})"
-        if not torn_down_acked:
+        if "torn_down" not in acked:
             with local.cond:
                 ends = [r.exited_at for r in local.job_ranks(job, alive_only=False) if r.pid in old]
             gone = [e for e in ends if e is not None]
             self._ack(cmd.id, "torn_down", max(gone) if gone else time.time(), detail)
-        self._ack(cmd.id, "restarted", max(r.registered_at for r in fresh), detail)
+        if "restarted" not in acked:
+            self._ack(cmd.id, "restarted", max(r.registered_at for r in fresh), detail)
         self._ack_resumed(cmd, {r.pid for r in fresh}, detail)
 
     def _launcher(self, cmd: Command) -> None:

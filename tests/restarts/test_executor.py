@@ -223,3 +223,81 @@ def test_workers_gone_without_a_launcher_fail_after_the_grace(make_node, spawn, 
     t.join(10)
     assert backend.phases("c1") == ["delivered", "failed"]
     assert "exited and their launcher is gone" in backend.acks[-1][1].detail
+
+
+def _wait_stuck_in_step(node: Any, count: int, step: int) -> set[int]:
+    """Wait until `count` ranks of job1 completed `step` - 1 (run with --hang-at `step`:
+    each then hangs inside that step, in every iteration, while it heartbeats)."""
+    wait_for(
+        lambda: len([r for r in node.local.job_ranks("job1") if r.last_step == step - 1]) == count,
+        timeout=20,
+    )
+    return {r.pid for r in node.local.job_ranks("job1")}
+
+
+def test_ranks_ended_by_the_launcher_before_their_first_step_follow_its_restart(
+    make_node, spawn, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # A rank dies before the command comes, while its launcher has not noticed yet
+    # (stopped here; ft_launcher polls). The survivor restarts in process (torn_down,
+    # restarted) and hangs before its first step; the launcher then ends it and restarts
+    # the group. The command follows that restart instead of waiting out resumed_timeout_s.
+    node = make_node()
+    backend = BackendStandIn()
+    loop = CommandLoop(
+        node.agent,
+        node.local,
+        transport=backend,
+        node="n1",
+        spool_dir=tmp_path,
+        resumed_timeout_s=30.0,
+    )
+    launcher = spawn(
+        [LAUNCHER, "2", "--hang-at", "5"],
+        node.local.socket_path,
+        MINI_LAUNCHER_RESTART_DELAY="0.5",
+    )
+    old = _wait_stuck_in_step(node, 2, 5)
+    os.kill(launcher.pid, signal.SIGSTOP)
+    try:
+        os.kill(min(old), signal.SIGKILL)
+        wait_for(lambda: len(node.local.job_ranks("job1")) == 1, timeout=10)
+        t = loop.handle(command("c1", "in_process", attempt=0, iteration=0))
+        assert t is not None
+        wait_for(lambda: "restarted" in backend.phases("c1"), timeout=20)
+    finally:
+        os.kill(launcher.pid, signal.SIGCONT)
+    t.join(60)
+    acks = [a for c, a in backend.acks if c == "c1"]
+    assert [a.phase for a in acks] == ["delivered", "torn_down", "restarted", "resumed"], acks
+    assert "launcher" in acks[-1].detail
+    assert [a.ts for a in acks[1:]] == sorted(a.ts for a in acks[1:])
+    new = node.local.job_ranks("job1")
+    assert len(new) == 2 and {r.attempt for r in new} == {1} and not {r.pid for r in new} & old
+    assert launcher.poll() is None
+
+
+def test_ranks_dying_before_their_first_step_without_a_launcher_fail_after_the_grace(
+    make_node, spawn, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    ranks = [spawn([RANK, "--hang-at", "5"], node.local.socket_path, RANK=str(r)) for r in (0, 1)]
+    _wait_stuck_in_step(node, 2, 5)
+    backend = BackendStandIn()
+    loop = CommandLoop(
+        node.agent,
+        node.local,
+        transport=backend,
+        node="n1",
+        relaunch_grace_s=0.5,
+        resumed_timeout_s=30.0,
+    )
+    t = loop.handle(command("c1", "in_process"))
+    assert t is not None
+    wait_for(lambda: "restarted" in backend.phases("c1"), timeout=20)
+    for p in ranks:
+        p.kill()
+        p.wait()
+    t.join(20)
+    assert backend.phases("c1") == ["delivered", "torn_down", "restarted", "failed"]
+    assert "exited and their launcher is gone" in backend.acks[-1][1].detail
