@@ -282,8 +282,8 @@ def bench_decision(
     """Evidence arrival -> decision -> command acked by a real agent, p50/p99."""
     from backend.bench.decision import run
 
-    _print_report(
-        run(
+    try:
+        report = run(
             events=events,
             interval=interval,
             database_url=database_url,
@@ -293,7 +293,9 @@ def bench_decision(
             load_nodes=load_nodes,
             load_batch_interval=load_batch_interval,
         )
-    )
+    except RuntimeError as exc:  # the ingest load did not run: no result
+        fail(str(exc))
+    _print_report(report)
 
 
 @bench_app.command("recovery")

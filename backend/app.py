@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
 NODES_TICK_S = 2.0
-# Young-generation threshold of the server process (CPython's default: 700 allocations).
+# The server process's collector thresholds (CPython's defaults: 700, 10, 10).
 GC_THRESHOLDS = (50_000, 20, 10)
 
 

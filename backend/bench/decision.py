@@ -59,6 +59,38 @@ def _summary(values: list[float]) -> dict[str, float | None]:
     }
 
 
+def _load_samples(url: str) -> int:
+    from sqlalchemy import create_engine, func, select
+
+    from backend.models import Gpu, Node, Sample
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    select(func.count())
+                    .select_from(Sample)
+                    .join(Gpu, Gpu.id == Sample.gpu_id)
+                    .join(Node, Node.id == Gpu.node_id)
+                    .where(Node.name.like("bench-%"))
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def _check_load(load: list[Any], when: str) -> None:
+    """The ingest load must run for the whole measurement, or the figures are not what
+    the report says they are."""
+    dead = [p.exitcode for p in load if not p.is_alive()]
+    if dead:
+        raise RuntimeError(
+            f"{len(dead)} of {len(load)} ingest load generators exited {when} "
+            f"(exit codes {dead}); no result"
+        )
+
+
 def run(
     events: int = 200,
     interval: float = 0.1,
@@ -108,17 +140,22 @@ def run(
             ctx = mp.get_context("spawn")
             names = [f"bench-{i:05d}" for i in range(load_nodes)]
             span = events * interval + 60.0  # warm-up and collection included
+            # Held here for the workers' lifetime: Process.start() drops its args, and a
+            # queue collected before a spawned child unpickles it fails that child
+            # (FileNotFoundError on the queue's semaphore): a run without its load.
+            load_queues = [ctx.Queue() for _ in range(2)]
             load = [
                 ctx.Process(
                     target=_gen_worker,
-                    args=(base, names[w::2], 8, 1.0, load_batch_interval, span, ctx.Queue()),
+                    args=(base, names[w::2], 8, 1.0, load_batch_interval, span, q),
                     daemon=True,
                 )
-                for w in range(2)
+                for w, q in enumerate(load_queues)
             ]
             for p in load:
                 p.start()
             time.sleep(load_batch_interval + 2)  # every node registered, steady state
+            _check_load(load, "before the events")
         agent = subprocess.Popen(
             [
                 *(sys.executable, "-m", "agent.cli", "agent", "--server", base),
@@ -183,6 +220,7 @@ def run(
             if len(incidents) < events:
                 time.sleep(0.2)
         engine = http.get("/api/v1/engine").json()
+        _check_load(load, "during the events")
     finally:
         http.close()
         for p in load:
@@ -196,6 +234,7 @@ def run(
                     p.kill()
         for f in logs:
             f.close()
+    load_samples = _load_samples(url) if load_nodes else 0
     arrival_delivered, arrival_decided, decided_delivered, sent_delivered = [], [], [], []
     for job, inc in incidents.items():
         t = inc["timeline"]
@@ -212,6 +251,8 @@ def run(
             if load_nodes
             else "none"
         ),
+        # What the load stored, counted in the database: the load really ran.
+        "ingest_load_samples_stored": load_samples,
         "offered_events_per_s": round(events / send_s, 1),
         "delivered": len(incidents),
         "missing": events - len(incidents),
