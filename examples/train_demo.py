@@ -28,6 +28,7 @@ import copy
 import datetime
 import gc
 import io
+import json
 import os
 import sys
 import time
@@ -94,6 +95,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="async: dcp.async_save (default); async-staged: dcp.save in one long-lived "
         "thread from reused staging buffers; sync: dcp.save; torch: torch.save by rank 0 "
         "(not resumable); none: no checkpoints",
+    )
+    p.add_argument(
+        "--ckpt-times",
+        default=None,
+        help="directory: one JSON line per save (start, end of the blocking, completion of "
+        "the background save) in rank<R>-<pid>.jsonl, for `trainguard bench checkpoint`",
     )
     p.add_argument(
         "--no-wrapper",
@@ -212,6 +219,25 @@ def save_checkpoint(args, mem, rank, model, opt, target: str, ckpt_root: Path) -
         torch.save(state, f"{target}.pt")
 
 
+def record_save(args, rank: int, step: int, start: float, blocked_end: float, fut) -> None:  # type: ignore[no-untyped-def]
+    """`--ckpt-times`: a save's line, written when it completes (an asynchronous save's
+    future: from its done callback; a synchronous one: at once). Epoch seconds, as steps."""
+
+    def write(done: float) -> None:
+        line = {"rank": rank, "step": step, "start": start, "blocked_end": blocked_end}
+        path = Path(args.ckpt_times) / f"rank{rank}-{os.getpid()}.jsonl"
+        with path.open("a") as f:
+            f.write(json.dumps({**line, "done": done}) + "\n")
+
+    if not args.ckpt_times:
+        return
+    Path(args.ckpt_times).mkdir(parents=True, exist_ok=True)
+    if fut is None:
+        write(blocked_end)
+    else:
+        fut.add_done_callback(lambda _f: write(time.time()))
+
+
 def newest_checkpoint(root: Path) -> int:
     """The step of the newest complete checkpoint (one with .metadata), -1 if none."""
     best = -1
@@ -319,12 +345,14 @@ def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = 
         mem["step"] = step
         if args.ckpt_mode != "none" and step % args.ckpt_every == 0:
             # The loop is held from here: by a previous save still running, then by this one.
+            save_t0 = time.time()
             with tg.checkpoint("save", step):
                 pending = mem.pop("pending", None)
                 if pending is not None:
                     wait_saved(pending)  # the previous save finished before the next starts
                 target = str(ckpt_root / f"step_{step:06d}")
                 save_checkpoint(args, mem, rank, model, opt, target, ckpt_root)
+            record_save(args, rank, step, save_t0, time.time(), mem.get("pending"))
         if rank == 0 and step % 50 == 0:
             print(f"[demo] step {step} loss {loss.item():.4f}", flush=True)
     tg.finished()

@@ -174,3 +174,41 @@ def test_sigkill_resumes_from_an_async_staged_checkpoint(tmp_path: Path) -> None
         assert (tmp_path / "checkpoints" / "step_000050" / ".metadata").exists()
     finally:
         c.close()
+
+
+def test_in_run_loss_counts_blocking_and_the_extra_time_of_overlapping_steps() -> None:
+    # ten 100 ms steps back to back, except a 50 ms save (blocking) after step 4; its
+    # background part runs until 0.75 s and slows the two steps it overlaps by 30 and 10 ms
+    steps, t = [], 0.0
+    for i in range(10):
+        d = {5: 0.13, 6: 0.11}.get(i, 0.1)
+        steps.append((t, t + d))
+        t += d + (0.05 if i == 4 else 0.0)
+    saves = [(0.5, 0.75)]  # starts at step 4's end, completes inside step 6
+    got = bench.in_run_loss(steps, saves, [0.05])
+    assert got["overlapped_steps"] == 2
+    assert got["quiet_step_median_s"] == pytest.approx(0.1)
+    assert got["overlap_extra_s"] == pytest.approx(0.04)
+    assert got["lost_s"] == pytest.approx(0.09)
+    assert got["span_s"] == pytest.approx(1.09)
+    assert got["efficiency_in_run"] == pytest.approx(1 - 0.09 / 1.09)
+
+
+def test_in_run_loss_floors_the_extra_time_at_zero_and_without_saves_is_one() -> None:
+    steps = [(float(i), i + (0.9 if i == 3 else 1.0)) for i in range(5)]
+    faster = bench.in_run_loss(steps, [(3.05, 3.5)], [0.01])  # the overlapped step is faster
+    assert faster["overlap_extra_s"] == 0.0
+    assert faster["lost_s"] == pytest.approx(0.01)
+    assert bench.in_run_loss(steps, [], [])["efficiency_in_run"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_async_run_reports_its_in_run_efficiency() -> None:
+    r = bench.run_one("async", 10, steps=40, step_sleep=0.02, timeout_s=240.0)
+    assert r["checkpoints"] == 4
+    assert len(r["save_windows_s"]) == 4  # one completion line per save (all ranks)
+    assert all(w > 0 for w in r["save_windows_s"])
+    assert r["overlapped_steps"] >= 1
+    assert 0.0 < r["efficiency_in_run"] < 1.0
+    assert r["lost_s"] >= r["blocking_total_s"] - 1e-3  # blocking_total_s is rounded
