@@ -43,6 +43,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.exc import OperationalError as SAOperationalError
 
 from agent.wire import Batch, IngestResult
+from backend.db import write_waiters
 from backend.models import (
     SAMPLE_READINGS,
     Event,
@@ -174,19 +175,29 @@ class IngestWriter:
         max_delay_s: float = 0.05,
         max_rows: int = 200_000,
         on_stored: Callable[[Stored], None] | None = None,
+        yield_max_s: float = 0.2,
     ) -> None:
         self.engine = engine
+        self.yield_max_s = yield_max_s
         self.max_delay_s = max_delay_s
         self.max_rows = max_rows
         self.on_stored = on_stored
         self._q: queue.Queue[_Item | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
         self._pg = engine.dialect.name == "postgresql"
+        self._waiters = write_waiters(engine)
         self._node_ids: dict[str, int] = {}
         self._gpu_ids: dict[str, int] = {}
         self._job_ids: dict[str, int] = {}
         self._conn: Connection | None = None
-        self.stats = {"batches": 0, "duplicates": 0, "samples": 0, "transactions": 0, "failed": 0}
+        self.stats = {
+            "batches": 0,
+            "duplicates": 0,
+            "samples": 0,
+            "transactions": 0,
+            "failed": 0,
+            "yielded": 0,  # SQLite: commits after which a waiting write was let in first
+        }
 
     def start(self) -> None:
         self._thread.start()
@@ -246,6 +257,7 @@ class IngestWriter:
         the database first (pool_pre_ping), one round trip per group for nothing."""
         if self._conn is None or self._conn.closed or self._conn.invalidated:
             self._conn = self.engine.connect()
+            self._conn.info["ingest_writer"] = True  # not counted as a waiting writer
         return self._conn
 
     def _forget_ids(self) -> None:
@@ -322,6 +334,11 @@ class IngestWriter:
                 self.on_stored(stored)
             except Exception:  # a live-bus problem must never fail ingest
                 log.exception("on_stored listener failed")
+        if self._waiters is not None and self._waiters.count:
+            # SQLite: a write (an agent's ack, the engine) waits for the lock; let it in
+            # before the next group takes the lock again (backend/db.py: WriteWaiters).
+            self.stats["yielded"] += 1
+            self._waiters.yield_to(self.yield_max_s)
 
     def _store(self, conn: Connection, group: list[_Item]) -> tuple[list[IngestResult], Stored]:
         node_ids = self._resolve_nodes(

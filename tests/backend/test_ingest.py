@@ -240,3 +240,87 @@ def test_evidence_in_a_busy_group_is_stored_first_in_its_own_transaction(db_url:
     assert order == [[11], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
     assert writer.stats["transactions"] == 2 and writer.stats["batches"] == 11
     assert count(db_url, Sample) == 88
+
+
+def test_sqlite_counts_the_writes_waiting_for_its_lock_but_not_the_ingest_writers(
+    tmp_path: Any,
+) -> None:
+    """backend/db.py: WriteWaiters. A write statement is counted while it runs (waiting
+    for SQLite's lock, or holding it), reads are not, a failed write is not left counted,
+    and the ingest writer's own connection is never counted."""
+    from sqlalchemy import event, text
+    from sqlalchemy.exc import IntegrityError
+
+    from backend import db
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    waiters = db.write_waiters(engine)
+    assert waiters is not None
+    assert db.write_waiters(db.make_engine("postgresql+psycopg://u@127.0.0.1:1/none")) is None
+    seen: list[tuple[str, int]] = []
+
+    @event.listens_for(engine, "before_cursor_execute")  # runs after the counting listener
+    def _look(conn: Any, _c: Any, statement: str, *_: Any) -> None:
+        seen.append((statement.split()[0].upper(), waiters.count))
+
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("SELECT 1"))
+            conn.execute(text("UPDATE nodes SET clock_offset_s = 1"))
+        assert seen == [("SELECT", 0), ("UPDATE", 1)] and waiters.count == 0
+        with engine.connect() as conn:
+            try:
+                with conn.begin():  # the same id twice: the second insert fails
+                    for _ in range(2):
+                        conn.execute(text("INSERT INTO nodes (id, name) VALUES (7, 'n7')"))
+            except IntegrityError:
+                pass
+        assert waiters.count == 0
+        seen.clear()
+        with engine.connect() as conn:
+            conn.info["ingest_writer"] = True
+            with conn.begin():
+                conn.execute(text("UPDATE nodes SET clock_offset_s = 2"))
+        assert seen == [("UPDATE", 0)]
+    finally:
+        engine.dispose()
+
+
+def test_the_ingest_writer_lets_a_waiting_sqlite_write_in_after_each_commit(
+    tmp_path: Any,
+) -> None:
+    """SQLite's busy handler is not fair: a write waiting for the lock sleeps (up to 100 ms)
+    and retries, while the ingest writer, committing group after group under load, takes
+    the lock again within microseconds. Agents' acks waited 5-30 s or failed under 2,048
+    nodes (docs/engine.md). After each commit, the writer holds off while a write waits."""
+    from backend import db
+    from backend.ingest.writer import IngestWriter
+
+    url = f"sqlite:///{tmp_path / 'busy.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    waiters = db.write_waiters(engine)
+    assert waiters is not None
+    # One batch a group; a yield as long as the test needs (0.2 s by default).
+    writer = IngestWriter(engine, max_delay_s=0.0, max_rows=64, yield_max_s=60.0)
+    batches = [wire.decode_batch(make_batch(seq, n=64)) for seq in range(1, 4)]
+    released = threading.Event()
+    waiters.enter()  # a write is waiting
+    futures = [writer.submit(b, time.time()) for b in batches]
+    writer.start()
+    try:
+        futures[0].result(timeout=30)
+        time.sleep(0.2)  # the writer would have stored the next groups by now
+        held = writer.stats["batches"]
+        threading.Timer(0.0, lambda: (waiters.leave(), released.set())).start()
+        results = [f.result(timeout=30) for f in futures]
+    finally:
+        if not released.is_set():
+            waiters.leave()
+        writer.stop()
+        engine.dispose()
+    assert held == 1  # it yielded after its first commit ...
+    assert len(results) == 3 and writer.stats["batches"] == 3  # ... and went on after
+    assert writer.stats["yielded"] >= 1
