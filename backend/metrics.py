@@ -31,6 +31,7 @@ class WriterCollector(Collector):
             ("samples", "GPU samples stored"),
             ("transactions", "ingest group-commit transactions"),
             ("failed", "ingest batches failed (database errors)"),
+            ("yielded", "SQLite: ingest commits after which a waiting write went first"),
         ):
             c = CounterMetricFamily(f"trainguard_ingest_{key}", help_)
             c.add_metric([], stats[key])
