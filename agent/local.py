@@ -292,13 +292,16 @@ class LocalServer:
         self._exited(rec, self._own_zombie(rec, proc_info(rec.pid)), now)
 
     @staticmethod
+    def _pid_reused(rec: RankRecord, info: ProcInfo) -> bool:
+        """`info` is about another process than the rank's, on its reused pid."""
+        return bool(rec.start_ticks) and info.start_ticks != rec.start_ticks
+
+    @staticmethod
     def _own_zombie(rec: RankRecord, info: ProcInfo | None) -> ProcInfo | None:
         """`info` when it shows the rank's own process as a zombie (its exit status is
         there until the parent reaps it), else None."""
-        if info is None or info.state != "Z":
+        if info is None or info.state != "Z" or LocalServer._pid_reused(rec, info):
             return None
-        if rec.start_ticks and info.start_ticks != rec.start_ticks:
-            return None  # a new process on the reused pid
         return info
 
     def _put_event(
@@ -410,12 +413,7 @@ class LocalServer:
             # A watched live rank is known to be the same process: its pidfd would have
             # fired (a reused pid starts with "hello"); others are checked in /proc.
             info = proc_info(pid)
-            if (
-                rec is not None
-                and info is not None
-                and rec.start_ticks
-                and info.start_ticks != rec.start_ticks
-            ):
+            if rec is not None and info is not None and self._pid_reused(rec, info):
                 self._unwatch(rec)  # the pid was reused by a new process
                 if rec.alive:
                     self._exited(rec, None, now)
@@ -570,11 +568,7 @@ class LocalServer:
         next_t = math.inf
         if rec.pidfd is None:
             info = proc_info(pid)
-            if (
-                info is None
-                or info.state in ("Z", "X")
-                or (rec.start_ticks and info.start_ticks != rec.start_ticks)
-            ):
+            if info is None or info.state in ("Z", "X") or self._pid_reused(rec, info):
                 self._exited(rec, self._own_zombie(rec, info), now)
                 return mono + self.keep_exited_s + _SLACK_S
             next_t = mono + self.check_interval
