@@ -31,6 +31,7 @@ from typing import Any
 
 TOKEN = "bench-token-0123456789abcdef"
 NODE = "bench-decision-node"
+LOAD_NODE_PREFIX = "load-"  # the ingest load's nodes (not a prefix of NODE)
 POLICY = """
 [limits]
 cooldown_s = 0
@@ -57,27 +58,6 @@ def _summary(values: list[float]) -> dict[str, float | None]:
         "max_ms": round(1000 * max(values), 1) if values else None,
         "mean_ms": round(1000 * statistics.fmean(values), 1) if values else None,
     }
-
-
-def _load_samples(url: str) -> int:
-    from sqlalchemy import create_engine, func, select
-
-    from backend.models import Gpu, Node, Sample
-
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return int(
-                conn.execute(
-                    select(func.count())
-                    .select_from(Sample)
-                    .join(Gpu, Gpu.id == Sample.gpu_id)
-                    .join(Node, Node.id == Gpu.node_id)
-                    .where(Node.name.like("bench-%"))
-                ).scalar_one()
-            )
-    finally:
-        engine.dispose()
 
 
 def _check_load(load: list[Any], when: str) -> None:
@@ -110,6 +90,7 @@ def run(
 
     from agent import wire
     from backend.bench.common import fresh_database
+    from backend.bench.ingest import _count, _gen_worker
     from backend.demo import start_server
 
     data_dir = data_dir.resolve()
@@ -135,10 +116,8 @@ def run(
     load: list[Any] = []
     try:
         if load_nodes:
-            from backend.bench.ingest import _gen_worker
-
             ctx = mp.get_context("spawn")
-            names = [f"bench-{i:05d}" for i in range(load_nodes)]
+            names = [f"{LOAD_NODE_PREFIX}{i:05d}" for i in range(load_nodes)]
             span = events * interval + 60.0  # warm-up and collection included
             # Held here for the workers' lifetime: Process.start() drops its args, and a
             # queue collected before a spawned child unpickles it fails that child
@@ -234,7 +213,7 @@ def run(
                     p.kill()
         for f in logs:
             f.close()
-    load_samples = _load_samples(url) if load_nodes else 0
+    load_samples = _count(url, LOAD_NODE_PREFIX) if load_nodes else 0
     arrival_delivered, arrival_decided, decided_delivered, sent_delivered = [], [], [], []
     for job, inc in incidents.items():
         t = inc["timeline"]

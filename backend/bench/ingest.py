@@ -205,14 +205,25 @@ def _postgres_cpu() -> float:
     return total
 
 
-def _count(url: str) -> int:
-    from sqlalchemy import create_engine, text
+def _count(url: str, node_prefix: str = "") -> int:
+    """Samples in the database; with `node_prefix`, only those of nodes named so."""
+    from sqlalchemy import create_engine, func, select
 
+    from backend.models import Gpu, Node, Sample
+
+    query = select(func.count()).select_from(Sample)
+    if node_prefix:
+        query = (
+            query.join(Gpu, Gpu.id == Sample.gpu_id)
+            .join(Node, Node.id == Gpu.node_id)
+            .where(Node.name.startswith(node_prefix, autoescape=True))
+        )
     engine = create_engine(url)
-    with engine.connect() as conn:
-        n = int(conn.execute(text("SELECT COUNT(*) FROM samples")).scalar_one())
-    engine.dispose()
-    return n
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+    finally:
+        engine.dispose()
 
 
 def raw_copy_rate(url: str, rows: int = 200_000) -> float:
