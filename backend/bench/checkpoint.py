@@ -140,7 +140,6 @@ def run_one(
             if sup["error"]:
                 raise RuntimeError(f"{mode}@{interval}: {sup['error']}\n{logs_tail(Path(tmp))}")
             st = nodes.steps
-            span = max(s.end for s in st) - min(s.start for s in st)
             per_ckpt: dict[Any, float] = {}
             for e in nodes.events:
                 if e.kind == "checkpoint" and e.data.get("phase") == "save_end":
@@ -156,6 +155,7 @@ def run_one(
                 by_n[s.step] = (min(a, s.start), max(b, s.end))
             windows = _save_windows(Path(tmp) / "ckpt-times")
             inrun = in_run_loss([by_n[n] for n in sorted(by_n)], windows, blocking)
+            span = inrun["span_s"]  # the first step's start -> the last step's end
             root = Path(tmp) / "checkpoints"  # DCP's: a directory with .metadata when complete
             complete = len(
                 [d for d in root.glob("step_*") if (d / ".metadata").exists() or d.suffix == ".pt"]

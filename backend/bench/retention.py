@@ -343,15 +343,15 @@ def run(
     port: int = 8317,
     json_out: Path | None = None,
 ) -> dict[str, Any]:
-    from backend import db
-    from backend.bench.common import fresh_database
-    from backend.demo import start_server
-
     """Simulate `days` ending now for `gpus` GPUs under `policy`, measure, then time the
     reads. Samples are `period` s apart over the last `dense_s` (default: twice the raw
     window, so the raw table turns over at full rate before it is measured) and
     `old_period` s apart before (they are folded into rollups, whose rows have the same
     size whatever the number of samples they fold)."""
+    from backend import db
+    from backend.bench.common import fresh_database
+    from backend.demo import start_server
+
     policy = policy or RetentionPolicy()
     dense_s = 2 * policy.raw_retention_s if dense_s is None else dense_s
     if old_period < period:
