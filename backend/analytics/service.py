@@ -32,7 +32,9 @@ def resolve_until(
     """`until` (default now); a job silent for idle_after_s is over: its clock stops at
     its last completed step."""
     u = now if until is None else until
-    if now - job.last_seen > idle_after_s:
+    if job.ended_at is not None:
+        u = min(u, job.ended_at)  # goodput is accounted up to the job's end
+    elif now - job.last_seen > idle_after_s:
         last = repo.last_activity(session, job.id)
         u = min(u, last if last is not None else job.last_seen)
     return u
@@ -55,10 +57,14 @@ def accounting(
     span = WINDOWS[window]
     since = start if span is None else max(start, u - span)
     ckpt = repo.checkpoint_events(session, job.name, since, u)
-    incidents = [
-        (i.fault_at if i.fault_at is not None else i.created_at, i.resumed_at)
-        for i in repo.incidents(session, job.id, since, u)
-    ]
+    incidents = []
+    for i in repo.incidents(session, job.id, since, u):
+        fault = i.fault_at if i.fault_at is not None else i.created_at
+        end = i.resumed_at
+        if end is not None:
+            began = repo.resumption_start(session, job.id, fault, end)
+            end = began if began is not None else end
+        incidents.append((fault, end))
     return account(
         repo.cohort_steps(session, job.id, since, u),
         job_start=start,

@@ -9,12 +9,13 @@ first and ends last); rank 1 starts 0.05 s later and ends 0.1 s earlier.
     gen (0,0): steps 0..99, 1 s each from 60; save of 2 s after step 49
     162.5 .... incident 1 (fault); steps 50..99 of gen (0,0) are redone later:
                wasted 50 (step 50's interval holds the save, carved out)
-    170-175 .. restore 5 s; gen (1,0) starts at step 50 (176-177, the resumption)
-               recovery 162..177 less the restore = 10
+    170-175 .. restore 5 s; gen (1,0) starts at step 50 (176-177, the resumption:
+               productive work, so recovery ends when it starts)
+               recovery 162..176 less the restore = 9
     gen (1,0): steps 51..199, 1 s each, steps 150..159 take 1.5 s (straggler 5);
                save of 3 s after step 149
     334.3 .... incident 2 (in-process, no rollback); gen (1,1) starts at step 200 at 338
-               recovery 334..339 = 5
+               recovery 334..338 = 4
     gen (1,1): steps 200..249, 1 s each, ends at 388; the window ends at 400: other 12
 """
 
@@ -31,12 +32,12 @@ EXPECTED = {
     "initialization": 50.0,
     "checkpoint_save": 5.0,
     "checkpoint_restore": 15.0,
-    "recovery": 15.0,
+    "recovery": 13.0,
     "wasted_progress": 50.0,
     "straggler": 5.0,
     "other": 12.0,
 }
-EXPECTED_PRODUCTIVE = 248.0  # 50 (gen 0,0) + 149 (gen 1,0) + 49 (gen 1,1)
+EXPECTED_PRODUCTIVE = 250.0  # 50 (gen 0,0) + 150 (gen 1,0) + 50 (gen 1,1)
 
 
 @dataclass
@@ -45,8 +46,8 @@ class Run:
     steps: list[tuple[int, int, float, float, int, int]] = field(default_factory=list)
     # (ts, phase, step, blocking_s)
     checkpoints: list[tuple[float, str, int, float]] = field(default_factory=list)
-    # (fault_at, resumed_at, level)
-    incidents: list[tuple[float, float, str]] = field(default_factory=list)
+    # (fault_at, resumed_at, level, start of the step that resumed training)
+    incidents: list[tuple[float, float, str, float]] = field(default_factory=list)
     job_start: float = T0
 
     def cohort_step(self, step: int, start: float, end: float, gen: tuple[int, int]) -> None:
@@ -65,7 +66,7 @@ def build() -> Run:
             run.checkpoints.append((t + 2, "save_end", 49, 2.0))
             t += 2
     assert t == T0 + 162
-    run.incidents.append((T0 + 162.5, T0 + 177, "launcher"))
+    run.incidents.append((T0 + 162.5, T0 + 177, "launcher", T0 + 176))
     run.checkpoints.append((T0 + 175, "restore_end", 49, 5.0))
     t = T0 + 176
     for n in range(50, 200):  # gen (1,0), from the checkpoint of step 49
@@ -76,7 +77,7 @@ def build() -> Run:
             run.checkpoints.append((t + 3, "save_end", 149, 3.0))
             t += 3
     assert t == T0 + 334
-    run.incidents.append((T0 + 334.3, T0 + 339, "in_process"))
+    run.incidents.append((T0 + 334.3, T0 + 339, "in_process", T0 + 338))
     t = T0 + 338
     for n in range(200, 250):  # gen (1,1), in-process restart without rollback
         run.cohort_step(n, t, t + 1, (1, 1))
