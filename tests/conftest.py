@@ -15,6 +15,7 @@ from sqlalchemy.engine import make_url
 
 from backend import db
 from backend.models import Base
+from tests.invariants import check as check_invariants
 from tests.support import AUTH, TOKEN
 
 PG_URL = os.environ.get(
@@ -85,6 +86,8 @@ def make_client(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     yield make
     for c in clients:
         c.__exit__(None, None, None)
+    if clients:
+        check_invariants(db_url)  # over every incident the test produced
 
 
 @pytest.fixture

@@ -17,9 +17,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # incident_opened: the engine (or an operator) opened an incident; escalation: a stronger
 # level was chosen within an incident; stop_job: the engine gave up on a job;
-# incident_resolved / incident_failed: the episode ended; test: `send_test`.
+# incident_resolved / incident_failed: the episode ended; needs_approval: a decision waits
+# for an operator (a dry-run recommendation, an exclusion held by the breaker);
+# job_waiting: no schedulable node is left for a job; test: `send_test`.
 AlertKind = Literal[
-    "incident_opened", "incident_resolved", "incident_failed", "escalation", "stop_job", "test"
+    "incident_opened",
+    "incident_resolved",
+    "incident_failed",
+    "escalation",
+    "stop_job",
+    "needs_approval",
+    "job_waiting",
+    "test",
 ]
 ALERT_KINDS: tuple[AlertKind, ...] = (
     "incident_opened",
@@ -27,6 +36,8 @@ ALERT_KINDS: tuple[AlertKind, ...] = (
     "incident_failed",
     "escalation",
     "stop_job",
+    "needs_approval",
+    "job_waiting",
     "test",
 )
 

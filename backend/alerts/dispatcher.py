@@ -59,14 +59,19 @@ class _Alert:
 
 
 def kinds_for_change(
-    before: str | None, inc: Mapping[str, Any], escalated: bool = False
+    before: str | None, inc: Mapping[str, Any], escalated: bool = False, waiting: bool = False
 ) -> list[str]:
     """The alerts that an incident's change of status calls for.
 
     `before` is its status before the transaction (None: it is new); `escalated` says a
-    stronger level was chosen within the episode (escalations went up)."""
+    stronger level was chosen within the episode (escalations went up); `waiting` says
+    its job just went `waiting` (no schedulable node left)."""
     after = inc.get("status")
     kinds: list[str] = []
+    if waiting:
+        kinds.append("job_waiting")
+    if after == "pending" and before != "pending":
+        kinds.append("needs_approval")
     if before is None:
         kinds.append("incident_opened")
     elif escalated:
@@ -174,10 +179,14 @@ class AlertDispatcher:
         return queued
 
     def incident_changed(
-        self, before: str | None, incident: Mapping[str, Any], escalated: bool = False
+        self,
+        before: str | None,
+        incident: Mapping[str, Any],
+        escalated: bool = False,
+        waiting: bool = False,
     ) -> list[str]:
         """Emit what a change of an incident calls for (see `kinds_for_change`)."""
-        kinds = kinds_for_change(before, incident, escalated)
+        kinds = kinds_for_change(before, incident, escalated, waiting)
         for kind in kinds:
             self.emit(kind, incident)
         return kinds

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from agent.wire import EventKind
 from backend.auth import OperatorDep, ViewerDep
-from backend.cluster import service
+from backend.cluster import cordons, service
 from backend.db import SessionDep
+from backend.engine.hooks import run_hook
 from backend.errors import DomainError
-from backend.models import AuditLog
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["cluster"])
 
@@ -24,18 +27,33 @@ def _down_after(request: Request) -> float:
     return float(request.app.state.settings.node_down_after_s)
 
 
-@router.get("/nodes", summary="Every node with its health")
+def _repair(request: Request) -> tuple[int, float]:
+    r = request.app.state.settings.policy.model.readmission
+    return int(r.repair_after), float(r.repair_window_s)
+
+
+@router.get("/nodes", summary="Every node with its health and its current cordon")
 def list_nodes(request: Request, session: SessionDep, _: ViewerDep) -> list[dict[str, Any]]:
-    return service.list_nodes(session, _down_after(request))
+    return service.list_nodes(session, _down_after(request), _repair(request))
 
 
-@router.get("/nodes/{node}", summary="One node, with its GPUs")
+@router.get("/nodes/{node}", summary="One node, with its GPUs and its current cordon")
 def get_node(node: NodeName, request: Request, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
     n = service.get_node(session, node)
     gpus = service.node_gpus(session, n)
     out = service.node_dict(n, len(gpus), time.time(), _down_after(request))
+    out.update(service.cordon_info(session, [n.id], _repair(request)).get(n.id, {}))
     out["gpus"] = gpus
     return out
+
+
+@router.get(
+    "/nodes/{node}/cordons",
+    summary="A node's cordons, newest first: who or what, why, and its readmission",
+    responses={404: {"description": "no such node"}},
+)
+def node_cordons(node: NodeName, session: SessionDep, _: ViewerDep) -> list[dict[str, Any]]:
+    return cordons.history(session, service.get_node(session, node))
 
 
 @router.get("/nodes/{node}/gpus", summary="The GPUs of a node with their latest sample")
@@ -80,30 +98,53 @@ class CordonRequest(BaseModel):
     reason: str = Field(default="", max_length=500)
 
 
-def _set_cordon(session: SessionDep, node: str, who: str, on: bool, reason: str) -> dict[str, Any]:
-    n = service.get_node(session, node)
-    n.cordoned = on
-    session.add(
-        AuditLog(
-            ts=time.time(),
-            actor=who,
-            action="cordon" if on else "uncordon",
-            target=f"node:{node}",
-            reason=reason,
-        )
+def _uncordon_hook(request: Request, node: str, who: str) -> None:
+    """hooks.uncordon (e.g. kubectl uncordon {node}), run after the response; its result
+    is logged and audited."""
+    policy = request.app.state.settings.policy
+    template = policy.model.hooks.uncordon
+    if not template:
+        return
+    result = run_hook("uncordon", template, {"node": node}, policy.model.hooks.timeout_s)
+    log.log(
+        logging.INFO if result.ok else logging.WARNING,
+        "uncordon hook for %s (by %s): rc %s %s",
+        node,
+        who,
+        result.rc,
+        result.output[:200],
     )
-    return {"name": node, "cordoned": on}
 
 
-@router.post("/nodes/{node}/cordon", summary="Cordon a node (no new work; audited)")
+@router.post(
+    "/nodes/{node}/cordon",
+    summary="Cordon a node (no new work; audited)",
+    responses={404: {"description": "no such node"}},
+)
 def cordon(
     node: NodeName, session: SessionDep, who: OperatorDep, body: CordonRequest | None = None
 ) -> dict[str, Any]:
-    return _set_cordon(session, node, who.name, True, body.reason if body else "")
+    n = service.get_node(session, node)
+    reason = (body.reason if body else "") or "cordoned by an operator"
+    cordons.cordon(session, n, who.name, reason, time.time())
+    return {"name": node, "cordoned": True}
 
 
-@router.post("/nodes/{node}/uncordon", summary="Uncordon a node (audited)")
+@router.post(
+    "/nodes/{node}/uncordon",
+    summary="Readmit a cordoned node through the uncordon hook (operator; audited)",
+    responses={404: {"description": "no such node"}},
+)
 def uncordon(
-    node: NodeName, session: SessionDep, who: OperatorDep, body: CordonRequest | None = None
+    node: NodeName,
+    session: SessionDep,
+    who: OperatorDep,
+    request: Request,
+    background: BackgroundTasks,
+    body: CordonRequest | None = None,
 ) -> dict[str, Any]:
-    return _set_cordon(session, node, who.name, False, body.reason if body else "")
+    n = service.get_node(session, node)
+    reason = (body.reason if body else "") or "readmitted by an operator"
+    if cordons.readmit(session, n, who.name, reason, time.time()):
+        background.add_task(_uncordon_hook, request, node, who.name)
+    return {"name": node, "cordoned": False}

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Float, Integer, and_, cast, func, select
 from sqlalchemy.orm import Session
 
+from backend.cluster import cordons
 from backend.errors import NotFound
 from backend.models import SAMPLE_READINGS, Event, Gpu, Node, Sample
 from backend.retention import rollup_rows
@@ -62,15 +63,50 @@ def node_dict(node: Any, gpu_count: int, now: float, down_after_s: float) -> dic
         "util_avg": node.util_avg,
         "temp_max": node.temp_max,
         "last_xid_at": node.last_xid_at,
+        "cordon": None,
+        "cordons_recent": 0,
+        "repair": False,
     }
 
 
-def list_nodes(session: Session, down_after_s: float) -> list[dict[str, Any]]:
+def list_nodes(
+    session: Session, down_after_s: float, repair: tuple[int, float] = (3, 7 * 86400.0)
+) -> list[dict[str, Any]]:
     counts = dict(session.execute(select(Gpu.node_id, func.count()).group_by(Gpu.node_id)).all())
     now = time.time()
     # Plain rows (no ORM identity map): this is the overview's read at 2,048+ nodes.
     nodes = session.execute(select(*Node.__table__.c).order_by(Node.name)).all()
-    return [node_dict(n, counts.get(n.id, 0), now, down_after_s) for n in nodes]
+    info = cordon_info(session, None, repair, now)
+    out = []
+    for n in nodes:
+        d = node_dict(n, counts.get(n.id, 0), now, down_after_s)
+        d.update(info.get(n.id, {}))
+        out.append(d)
+    return out
+
+
+def cordon_info(
+    session: Session,
+    node_ids: list[int] | None,
+    repair: tuple[int, float],
+    now: float | None = None,
+) -> dict[int, dict[str, Any]]:
+    """Per node: its current cordon (who, why, incident, evidence), its cordons within the
+    repair window and whether that flags it for repair. Nodes never cordoned are left out
+    (the defaults are in node_dict)."""
+    repair_after, window = repair
+    now = time.time() if now is None else now
+    current = cordons.open_cordons(session, node_ids)
+    recent = cordons.counts_since(session, now - window, node_ids)
+    out: dict[int, dict[str, Any]] = {}
+    for nid in set(current) | set(recent):
+        row = current.get(nid)
+        out[nid] = {
+            "cordon": cordons.cordon_dict(row) if row is not None else None,
+            "cordons_recent": recent.get(nid, 0),
+            "repair": recent.get(nid, 0) >= repair_after,
+        }
+    return out
 
 
 def get_node(session: Session, name: str) -> Node:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from agent import wire
 from backend.errors import Conflict, NotFound
+from backend.engine.queries import capabilities
 from backend.jobs.service import live_ranks
 from backend.models import TIMELINE, AuditLog, Command, CommandAck, Incident, Job, Node
 from backend.models.control import IncidentEvidence
@@ -32,6 +33,9 @@ def manual_restart(
     if not ranks:
         raise Conflict(f"job {job.name!r} has no live ranks to restart")
     now = time.time()
+    caps = capabilities(session, job.id, now - fresh_within_s)
+    if level not in caps["levels"]:
+        raise Conflict(f"job {job.name!r} cannot carry out a {level} restart: {why_not(level, caps)}")
     incident = Incident(
         job_id=job.id,
         created_at=now,
@@ -91,6 +95,12 @@ def manual_restart(
     )
     session.flush()
     return incident
+
+
+def why_not(level: str, caps: dict[str, Any]) -> str:
+    if level == "in_process":
+        return "not every live rank runs under NVRx's inprocess.Wrapper (declared by the SDK)"
+    return "no launcher (torchrun, ft_launcher) respawns its ranks"
 
 
 def pending_for_node(session: Session, node: str) -> list[wire.Command]:
@@ -154,12 +164,20 @@ def _advance_incident(session: Session, incident_id: int, cmd: Command, ack: wir
         inc.outcome = f"failed on {ack.node}: {ack.detail}"
         return
     field = _PHASE_FIELD[ack.phase]
+    if ack.phase != "delivered" and inc.decided_at is not None and ack.ts < inc.decided_at:
+        # The job restarted by itself (NVRx's Wrapper, its launcher) before trainguard
+        # decided: the command found the restart done. The timeline is the recovery's, so
+        # the decision and the delivery, which did not bring it, leave it (they stay in
+        # the decisions and the commands).
+        inc.decided_at = inc.delivered_at = None
+        if "restarted by itself" not in inc.outcome:
+            inc.outcome = "the job restarted by itself before trainguard decided"
     current = getattr(inc, field)
     if (
         current is None
         or (ack.phase == "delivered" and ack.ts < current)
         or (ack.phase != "delivered" and ack.ts > current)
-    ):
+    ) and _fits(inc, field, ack.ts):
         setattr(inc, field, ack.ts)
     if ack.phase == "resumed":
         # Resolved once every node addressed by the current action has resumed.
@@ -177,6 +195,16 @@ def _advance_incident(session: Session, incident_id: int, cmd: Command, ack: wir
             inc.status = "resolved"
             inc.outcome = "resumed"
             inc.closed_at = time.time()
+
+
+def _fits(inc: Incident, field: str, ts: float) -> bool:
+    """Whether `ts` keeps the timeline in order (fault <= detected <= ... <= resumed)
+    with the timestamps already present. One that does not (a late ack of a phase the
+    timeline has passed) stays on its command, out of the incident's timeline."""
+    i = TIMELINE.index(field)
+    before = [getattr(inc, f) for f in TIMELINE[:i]]
+    after = [getattr(inc, f) for f in TIMELINE[i + 1 :]]
+    return all(t is None or t <= ts for t in before) and all(t is None or ts <= t for t in after)
 
 
 def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
@@ -210,6 +238,7 @@ def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
         "id": inc.id,
         "incident_id": inc.id,
         "job": job.name if job else None,
+        "job_state": job.state if job else None,
         "created_at": inc.created_at,
         "trigger": inc.trigger,
         "triggered_by": inc.triggered_by,

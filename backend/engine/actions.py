@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from backend.cluster import cordons
 from backend.engine import queries as q
 from backend.engine.hooks import HookResult
 from backend.engine.policy import Policy
@@ -33,12 +34,29 @@ ENGINE_ACTOR = "engine"
 class HookJob:
     """A hook to run after the commit, and what follows it."""
 
-    incident_id: int
+    incident_id: int  # 0 for a node's hook (health_check, uncordon)
     acted_at: float  # the action it belongs to (a later escalation supersedes it)
-    hook: str  # cordon | gpu_reset
+    hook: str  # cordon | gpu_reset | health_check | uncordon
     template: str
     values: dict[str, Any]
     exclude: frozenset[int]  # nodes the launcher restart that follows leaves out
+    node_id: int | None = None  # the node of a node's hook
+
+    @property
+    def key(self) -> tuple[int, float]:
+        return (-self.node_id, self.acted_at) if self.node_id else (self.incident_id, self.acted_at)
+
+
+def set_job_state(job: Job, state: str, now: float, reason: str = "") -> None:
+    if job.state == state and job.state_reason == reason:
+        return
+    job.state = state
+    job.state_since = now
+    job.state_reason = reason[:2000]
+    if state in ("finished", "failed", "stopped"):
+        job.ended_at = job.ended_at or now
+    else:
+        job.ended_at = None
 
 
 class Actions:
@@ -80,6 +98,8 @@ class Actions:
         mode: str,
     ) -> None:
         """Carry out a decision now: commands, cordon and hooks, or giving up."""
+        if level == "exclude_node" and mode == "auto" and self._held(session, inc, why):
+            return
         # Strictly later than the action it supersedes: acks are told apart by it.
         now = max(self.clock(), (inc.acted_at or 0.0) + 1e-6)
         restart = level != "stop_job"
@@ -117,6 +137,7 @@ class Actions:
                 )
             )
             log.warning("ALERT job %s stopped (incident %d): %s", job.name, inc.id, why)
+            set_job_state(job, "stopped", now, f"incident {inc.id}: {why}")
             self._count("stopped")
         elif level == "reset_gpu":
             inc.level = "launcher"
@@ -124,22 +145,86 @@ class Actions:
             entry["hook"] = "gpu_reset"
             self._due(session, inc, job, "gpu_reset", hook, frozenset())
         elif level == "exclude_node":
-            inc.level = "exclude_node"
-            node_id = q.culprit_node(session, inc)
-            inc.node_id = node_id
-            exclude = frozenset({node_id}) if node_id is not None else frozenset()
-            if node_id is not None:
-                self._cordon(session, node_id, inc, by, why)
-            hook = self.policy.model.hooks.cordon
-            if hook and node_id is not None:
-                entry["hook"] = "cordon"
-                self._due(session, inc, job, "cordon", hook, exclude)
-            else:
-                self.issue(session, inc, job, "launcher", exclude)
+            self._exclude(session, inc, job, why, by, mode, entry)
         else:
             inc.level = level
             self.issue(session, inc, job, level, frozenset())
         inc.decisions = [*inc.decisions, entry]
+
+    def _exclude(
+        self,
+        session: Session,
+        inc: Incident,
+        job: Job,
+        why: str,
+        by: str,
+        mode: str,
+        entry: dict[str, Any],
+    ) -> None:
+        """Cordon the node of the incident's hardware evidence, then a launcher restart
+        without it. Automatic cordons pass the breaker first; past its cap the exclusion
+        waits for an operator (pending). Without such evidence no node is cordoned."""
+        inc.level = "exclude_node"
+        node_id = q.culprit_node(session, inc)
+        if node_id is None:
+            entry["why"] = f"{why}; no evidence against a node's hardware: launcher restart"
+            inc.level = "launcher"
+            self.issue(session, inc, job, "launcher", frozenset())
+            return
+        node = session.get(Node, node_id, with_for_update=True)
+        entry["node"] = node.name if node is not None else None
+        exclude = frozenset({node_id})
+        if node is not None:
+            self.cordon(session, node, by, f"incident {inc.id}: {why}", inc)
+        hook = self.policy.model.hooks.cordon
+        if hook and node is not None:
+            entry["hook"] = "cordon"
+            self._due(session, inc, job, "cordon", hook, exclude)
+        else:
+            self.issue(session, inc, job, "launcher", exclude)
+
+    def _held(self, session: Session, inc: Incident, why: str) -> bool:
+        """The breaker: an automatic exclusion past the cap waits for an operator (the
+        incident goes pending; approving it carries the exclusion out)."""
+        node_id = q.culprit_node(session, inc)
+        node = session.get(Node, node_id) if node_id is not None else None
+        if node is None or node.cordoned:
+            return False
+        cap, used = self.breaker(session)
+        if used < cap:
+            return False
+        now = self.clock()
+        inc.level = "exclude_node"
+        inc.status = "pending"
+        inc.decided_at = inc.decided_at or now
+        inc.not_before = None
+        window = self.policy.model.breaker.window_s
+        inc.outcome = (
+            f"exclusion of {node.name} waits for an operator: {used} automatic cordons "
+            f"within {window:g} s reach the breaker's cap of {cap} (approve or reject)"
+        )
+        inc.decisions = [
+            *inc.decisions,
+            {
+                "at": now,
+                "level": "exclude_node",
+                "why": f"{why}; held by the breaker",
+                "by": ENGINE_ACTOR,
+                "mode": "breaker",
+                "node": node.name,
+                "restart": False,
+            },
+        ]
+        self.touched.add(inc.id)
+        log.warning("ALERT incident %d: %s", inc.id, inc.outcome)
+        self._count("breaker_held")
+        return True
+
+    def breaker(self, session: Session) -> tuple[int, int]:
+        """(cap, used): automatic cordons allowed and taken in the breaker's window."""
+        b = self.policy.model.breaker
+        cap = max(1, int(b.max_fraction * q.cluster_size(session)))
+        return cap, q.engine_cordons_since(session, self.clock() - b.window_s)
 
     def issue(
         self, session: Session, inc: Incident, job: Job, action: str, exclude: frozenset[int]
@@ -148,13 +233,19 @@ class Actions:
         gets them when it next polls, after any reconnect)."""
         now = max(self.clock(), inc.acted_at or 0.0)  # never before the action they carry
         targets = q.job_nodes(session, job.id, now - self.fresh_within_s, exclude)
+        if not targets and exclude:
+            # The excluded node was the job's last: no schedulable capacity is left. The
+            # job waits (one alert), the incident stays open until capacity comes back.
+            self._wait_for_capacity(session, inc, job, exclude)
+            return 0
         if not targets:
-            inc.status = "failed"
-            inc.closed_at = now
+            # No rank reported lately anywhere: the job's launcher is between generations
+            # (or gave up). Wait for its new generation; the sweep resolves or ends it.
+            wait = self.policy.model.escalation.relaunch_wait_s
+            inc.not_before = now + wait
             inc.outcome = (
-                "no other node hosts ranks of the job"
-                if exclude
-                else ("no node hosts live ranks of the job: nothing to restart")
+                f"no live rank of the job to restart: waiting up to {wait:g} s for its "
+                "launcher's new generation"
             )
             self._count("nothing_to_restart")
             return 0
@@ -182,21 +273,35 @@ class Actions:
         self._count("commands", len(targets))
         return len(targets)
 
-    def _cordon(self, session: Session, node_id: int, inc: Incident, by: str, why: str) -> None:
-        node = session.get(Node, node_id, with_for_update=True)
-        if node is None or node.cordoned:
-            return
-        node.cordoned = True
-        session.add(
-            AuditLog(
-                ts=self.clock(),
-                actor=by,
-                action="cordon",
-                target=f"node:{node.name}",
-                reason=f"incident {inc.id}: {why}"[:2000],
-            )
+    def _wait_for_capacity(
+        self, session: Session, inc: Incident, job: Job, exclude: frozenset[int]
+    ) -> None:
+        names = sorted(n.name for n in (session.get(Node, i) for i in exclude) if n)
+        inc.outcome = (
+            f"waiting: no schedulable node is left for the job ({', '.join(names)} "
+            "cordoned); it restarts when a node is readmitted"
         )
-        self._count("cordoned")
+        if job.state != "waiting":
+            set_job_state(job, "waiting", self.clock(), inc.outcome)
+            log.warning("ALERT job %s waiting (incident %d): %s", job.name, inc.id, inc.outcome)
+            self._count("waiting")
+
+    def cordon(
+        self, session: Session, node: Node, by: str, reason: str, inc: Incident | None
+    ) -> None:
+        """Cordon a node (no new work), with its reason and evidence kept in its history."""
+        evidence = "; ".join(d for _, d in q.hardware_nodes(session, inc)[:3]) if inc else ""
+        row = cordons.cordon(
+            session,
+            node,
+            by,
+            reason,
+            self.clock(),
+            incident_id=inc.id if inc is not None else None,
+            evidence=evidence,
+        )
+        if row is not None:
+            self._count("cordoned")
 
     def _due(
         self,
@@ -226,7 +331,11 @@ class Actions:
 
     def after_hook(self, session: Session, job_: HookJob, result: HookResult) -> None:
         """Record a hook's result and carry on: launcher restart after a cordon or a
-        successful GPU reset; exclude the node when the reset failed."""
+        successful GPU reset; exclude the node when the reset failed; a node's
+        readmission after its health check passed."""
+        if job_.node_id is not None:
+            self.after_node_hook(session, job_, result)
+            return
         inc = session.get(Incident, job_.incident_id, with_for_update=True)
         if inc is None:
             return
@@ -251,3 +360,36 @@ class Actions:
             )
             return
         self.issue(session, inc, job, "launcher", job_.exclude)
+
+    def after_node_hook(self, session: Session, job_: HookJob, result: HookResult) -> None:
+        node = session.get(Node, job_.node_id, with_for_update=True)
+        if node is None:
+            return
+        self._count(f"hook_{job_.hook}_{'ok' if result.ok else 'failed'}")
+        now = self.clock()
+        verdict = "passed" if result.ok else f"failed (rc {result.rc})"
+        session.add(
+            AuditLog(
+                ts=now,
+                actor=ENGINE_ACTOR,
+                action=f"hook:{job_.hook}",
+                target=f"node:{node.name}",
+                reason=f"{' '.join(result.command)[:500]}: {verdict}: {result.output[:500]}",
+            )
+        )
+        if job_.hook == "health_check" and result.ok:
+            self.readmit_node(session, node, "health check passed")
+
+    def readmit_node(self, session: Session, node: Node, why: str) -> None:
+        """Readmit a node the engine cordoned; the uncordon hook runs after the commit."""
+        now = self.clock()
+        if not cordons.readmit(
+            session, node, ENGINE_ACTOR, f"readmitted automatically: {why}", now
+        ):
+            return
+        self._count("readmitted")
+        hook = self.policy.model.hooks.uncordon
+        if hook:
+            self.hooks_due.append(
+                HookJob(0, now, "uncordon", hook, {"node": node.name}, frozenset(), node.id)
+            )

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from backend.engine import queries as q
 from backend.engine.actions import ENGINE_ACTOR, Actions
-from backend.engine.evidence import Evidence, Verdict, classify, describe
+from backend.engine.evidence import JOB_CAUSES, Evidence, Verdict, classify, describe
 from backend.engine.policy import LADDER, next_level, rung
 from backend.models import Incident, Job
 from backend.models.control import ACTIVE_STATUSES, IncidentEvidence
@@ -89,23 +89,37 @@ class Decider(Actions):
             .limit(1)
             .with_for_update()
         )
-        if inc is not None and self._belongs(inc, ev):
+        if inc is not None and self._belongs(inc, ev, verdict):
             self._record(session, inc, ev, verdict, action, primary)
             self._merge(session, inc, job, ev, verdict, action, why)
         else:
             self._open(session, job, ev, verdict, action, why, primary)
 
-    def _belongs(self, inc: Incident, ev: Evidence) -> bool:
-        """Evidence joins the job's latest incident while it is being handled (or the
-        job was given up); after it ended, only evidence of what happened before the
-        job resumed (or, without a resumption, within the merge window of the fault)
-        joins it: a fault after a successful restart is a new episode."""
-        if inc.status in (*ACTIVE_STATUSES, "stopped"):
+    def _belongs(self, inc: Incident, ev: Evidence, verdict: Verdict) -> bool:
+        """Evidence joins the job's latest incident only when that incident caused it:
+        the same node or GPU as its root, or the job's own ranks that died or raised
+        within the merge window of its fault or after its action was taken (a restart
+        ends ranks). A fault after the incident resumed is a new episode. A job given up
+        (stop_job) keeps its incident: later evidence is recorded there, not acted on."""
+        if inc.status == "stopped":
             return True
-        if inc.resumed_at is not None:
-            return ev.ts <= inc.resumed_at
+        if inc.resumed_at is not None and ev.ts > inc.resumed_at:
+            return False
+        fault = inc.fault_at if inc.fault_at is not None else inc.created_at
         window = self.policy.model.incidents.merge_window_s
-        return ev.ts <= (inc.fault_at or 0.0) + window
+        if inc.status not in ACTIVE_STATUSES and inc.resumed_at is None and ev.ts > fault + window:
+            return False  # ended without a resumption: only what came with the fault
+        same_place = ev.node_id is not None and ev.node_id == inc.node_id
+        if same_place and ev.gpu_uuid and inc.gpu_uuid and ev.gpu_uuid != inc.gpu_uuid:
+            same_place = verdict.cause == "node_down"  # another GPU: its own fault
+        if same_place:
+            return True
+        if verdict.node_scoped:
+            return False  # another node's hardware: its own fault
+        if fault - 1.0 <= ev.ts <= fault + window:
+            return True  # the job's ranks that died or raised with the fault
+        acted = inc.acted_at
+        return acted is not None and ev.ts >= acted - 1.0 and inc.status in ACTIVE_STATUSES
 
     def _record(
         self,
@@ -189,6 +203,8 @@ class Decider(Actions):
         action: str,
         why: str,
     ) -> None:
+        """Evidence of the same episode. The root (cause, reason, node, fault_at) stays;
+        stronger evidence escalates the action, recorded as a decision."""
         self._count("merged")
         if inc.status not in ACTIVE_STATUSES:
             return  # late evidence of an episode that ended, or of a job given up
@@ -196,16 +212,10 @@ class Decider(Actions):
         current = inc.level if inc.level in LADDER or inc.level == "reset_gpu" else "in_process"
         if rung(effective) <= rung(current):
             return  # same fault, or a consequence of the action already under way
-        # Stronger evidence of the same episode: it decides now (no cooldown inside an
-        # episode; the budget still applies).
-        inc.cause = verdict.cause
-        if verdict.node_scoped or effective == "exclude_node":
-            inc.node_id = ev.node_id if ev.node_id is not None else inc.node_id
-            inc.xid = ev.xid if ev.xid is not None else inc.xid
-            inc.gpu_uuid = ev.gpu_uuid or inc.gpu_uuid
-        note = f"stronger evidence: {verdict.cause} ({why})"
+        note = f"stronger evidence: {verdict.cause} on {ev.node or '?'} ({why})"
         if inc.acted_at is None and inc.status == "open":
             inc.level = effective  # still waiting for its cooldown: acts at the new level
+            inc.reason = inc.reason if note in inc.reason else f"{inc.reason} [{note}]"[:2000]
             return
         inc.escalations += 1
         self.decide(session, inc, job, effective, note, in_episode=True)
@@ -217,13 +227,25 @@ class Decider(Actions):
             return "exclude_node"
         return action
 
-    def plan(self, session: Session, job: Job, base: str, now: float) -> tuple[str, list[str]]:
-        """The level to act at: the evidence's action, climbed by the escalation ladder
-        (N earlier actions of a level within the window) and capped by the budget."""
+    def plan(
+        self, session: Session, inc: Incident, job: Job, base: str, now: float
+    ) -> tuple[str, list[str]]:
+        """The level to act at: the evidence's action, kept to what the job can carry
+        out and to what the evidence allows (exclude_node only on evidence about a node's
+        hardware), climbed by the escalation ladder (N earlier actions of a level within
+        the window) and capped by the budget."""
         notes: list[str] = []
+        hardware = bool(q.hardware_nodes(session, inc))
         level = self._resolve(base)
         if level != base:
             notes.append("no GPU reset hook configured: exclude the node")
+        if level in ("exclude_node", "reset_gpu") and not hardware:
+            notes.append("no evidence against a node's hardware: no node is excluded")
+            level = "launcher"
+        caps = q.capabilities(session, job.id, now - self.fresh_within_s)
+        if level == "in_process" and "in_process" not in caps["levels"]:
+            notes.append("not every live rank runs under NVRx's Wrapper: launcher")
+            level = "launcher"
         esc = self.policy.model.escalation
         while level in ("in_process", "launcher", "reset_gpu", "exclude_node"):
             counted = "launcher" if level == "reset_gpu" else level
@@ -231,9 +253,12 @@ class Decider(Actions):
             n = q.actions_since(session, job.id, now - esc.window_s, counted)
             if limit is None or n < limit:
                 break
-            up = next_level(counted)
+            up = next_level(counted, hardware)
             notes.append(f"{n} {counted} actions within {esc.window_s:g} s: {up}")
             level = up
+        if level == "launcher" and "launcher" not in caps["levels"]:
+            notes.append("no launcher respawns the job's ranks: stop_job")
+            level = "stop_job"
         budget = self.policy.model.limits.budget_per_hour
         if level != "stop_job":
             spent = q.actions_since(session, job.id, now - HOUR_S, None)
@@ -241,6 +266,41 @@ class Decider(Actions):
                 notes.append(f"restart budget spent ({spent} of {budget} in the last hour)")
                 level = "stop_job"
         return level, notes
+
+    def recovered_itself(self, session: Session, inc: Incident) -> bool:
+        """Resolve an incident not acted on yet whose job restarted by itself (NVRx's
+        Wrapper after an exception, the launcher after a rank death) and made a step:
+        acting now would restart a job that already recovered."""
+        if inc.acted_at is not None or inc.cause not in JOB_CAUSES:
+            return False
+        first = q.recovered_by_itself(session, inc)
+        if first is None:
+            return False
+        now = self.clock()
+        inc.resumed_at = first.end
+        inc.not_before = None
+        inc.status = "resolved"
+        inc.closed_at = now
+        inc.outcome = (
+            "recovered by itself (NVRx's Wrapper or the job's launcher restarted it) "
+            "before trainguard acted; no command sent"
+        )
+        inc.decisions = [
+            *inc.decisions,
+            {
+                "at": now,
+                "level": "none",
+                "why": f"the job resumed at step {first.step} in a new generation",
+                "by": ENGINE_ACTOR,
+                "mode": "observed",
+                "restart": False,
+            },
+        ]
+        if inc.lost_steps is None and inc.fault_step is not None:
+            inc.lost_steps = max(0, inc.fault_step - first.step + 1)
+        self.touched.add(inc.id)
+        self._count("recovered_itself")
+        return True
 
     def decide(
         self,
@@ -253,7 +313,9 @@ class Decider(Actions):
     ) -> None:
         """Decide on an incident: recommend (dry run), wait (cooldown) or act."""
         now = self.clock()
-        level, notes = self.plan(session, job, base, now)
+        if self.recovered_itself(session, inc):
+            return
+        level, notes = self.plan(session, inc, job, base, now)
         why = "; ".join([why, *notes])
         inc.level = level
         self.touched.add(inc.id)

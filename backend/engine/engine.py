@@ -29,7 +29,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend.commands.service import get_incident, incident_dict
-from backend.engine import sweep
+from backend.engine import lifecycle, sweep
 from backend.engine.actions import HookJob
 from backend.engine.decide import Decider
 from backend.engine.evidence import EVIDENCE_KINDS, Evidence
@@ -72,7 +72,7 @@ class DecisionEngine:
         # Alert webhooks (backend/alerts), set by the app; per incident the last status
         # and escalation count alerted, so each change is announced once.
         self.alerts: Any = None
-        self._alerted: dict[int, tuple[str, int]] = {}
+        self._alerted: dict[int, tuple[str, int, bool]] = {}
         self.started_at = time.time()
         self.clock = clock
         self.batch = batch
@@ -198,11 +198,15 @@ class DecisionEngine:
         sweep.silent_nodes(
             self.decider, s, now, self.fresh_within_s, self._down_seen, self._leading_since
         )
+        sweep.self_recovered(self.decider, s, now)
         sweep.due_incidents(self.decider, s, now)
         sweep.failed_incidents(self.decider, s, now)
         sweep.resumed_from_steps(self.decider, s, now)
         sweep.relaunch_waits(self.decider, s, now)
         sweep.orphaned_hooks(self.decider, s, now, self._running_hooks)
+        lifecycle.waiting_jobs(self.decider, s, now)
+        lifecycle.job_states(self.decider, s, now)
+        lifecycle.readmissions(self.decider, s, now, self._running_hooks)
 
     # --- the cursor over events -----------------------------------------------------------
 
@@ -322,7 +326,7 @@ class DecisionEngine:
     # --- hooks --------------------------------------------------------------------------
 
     def _submit_hook(self, job: HookJob) -> None:
-        self._running_hooks.add((job.incident_id, job.acted_at))
+        self._running_hooks.add(job.key)
         timeout = self.policy.model.hooks.timeout_s
 
         def done(f: Future[HookResult]) -> None:
@@ -354,7 +358,7 @@ class DecisionEngine:
             except Exception:
                 self._hook_results.put((job, result))  # try again next cycle
                 raise
-            self._running_hooks.discard((job.incident_id, job.acted_at))
+            self._running_hooks.discard(job.key)
 
     # --- outputs --------------------------------------------------------------------------
 
@@ -372,15 +376,20 @@ class DecisionEngine:
                     self._alert(inc)
 
     def _alert(self, inc: dict[str, Any]) -> None:
+        waiting = inc.get("job_state") == "waiting"
+        now = (inc["status"], inc.get("escalations") or 0, waiting)
         seen = self._alerted.get(inc["id"])
         if seen is None and inc["created_at"] < self.started_at:
             # Opened before this replica led (a takeover): only changes from now on.
-            seen = (inc["status"], inc.get("escalations") or 0)
-        before, escalations = seen if seen else (None, 0)
+            seen = now
+        before, escalations, was_waiting = seen if seen else (None, 0, False)
         self.alerts.incident_changed(
-            before, inc, escalated=(inc.get("escalations") or 0) > escalations
+            before,
+            inc,
+            escalated=(inc.get("escalations") or 0) > escalations,
+            waiting=waiting and not was_waiting,
         )
-        self._alerted[inc["id"]] = (inc["status"], inc.get("escalations") or 0)
+        self._alerted[inc["id"]] = now
 
     def status(self) -> dict[str, Any]:
         with self._stats_lock:

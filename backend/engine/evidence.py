@@ -48,6 +48,12 @@ class Verdict:
     hard: bool = False  # a hard XID (counts towards excluding the node)
     step: int | None = None  # the training step at the fault, when the evidence says
 
+    @property
+    def hardware(self) -> bool:
+        """Evidence about the node's hardware or reachability: the only kind that may
+        cordon a node (a hard XID, a lost GPU, NVML's recovery action, a silent node)."""
+        return self.cause == "node_down" or (self.node_scoped and self.hard)
+
 
 def as_int(v: Any) -> int | None:
     if isinstance(v, bool):
@@ -84,16 +90,18 @@ def classify(ev: Evidence, policy: Policy) -> Verdict | None:
         if ev.kind == "gpu_lost" and not why.startswith("NVML"):
             action, why = policy.cause("gpu_lost"), "policy causes.gpu_lost"
         cause = "gpu_lost" if ev.kind == "gpu_lost" else f"xid {code}"
-        hard = ev.kind == "gpu_lost" or bucket not in SOFT_BUCKETS
+        hard = (
+            ev.kind == "gpu_lost"
+            or bucket not in SOFT_BUCKETS
+            or (why.startswith("NVML") and action in ("exclude_node", "reset_gpu"))
+        )
         return Verdict(cause, action, why, node_scoped=True, hard=hard)
     if ev.kind == "node_down":
         return Verdict("node_down", policy.cause("node_down"), "policy causes.node_down", True)
     if ev.kind in JOB_CAUSES:
         if ev.job is None:
             return None
-        if ev.kind == "rank_exit" and (
-            ev.data.get("clean") is True or ev.data.get("exit_code") == 0
-        ):
+        if ev.kind == "rank_exit" and clean_exit(ev.data):
             return None  # a rank that finished its work is no fault
         step = as_int(ev.data.get("step"))
         if step is None:
@@ -102,6 +110,26 @@ def classify(ev: Evidence, policy: Policy) -> Verdict | None:
             ev.kind, policy.cause(ev.kind), f"policy causes.{ev.kind}", node_scoped=False, step=step
         )
     return None
+
+
+def clean_exit(data: dict[str, Any]) -> bool:
+    """A rank that ended its work: exit code 0 (or none known) and not said unclean. An
+    exit code other than 0 or a signal is never clean, whatever else the report says."""
+    code = data.get("exit_code")
+    if data.get("signal") not in (None, 0, ""):
+        return False
+    if code not in (None, 0):
+        return False
+    return data.get("clean") is True or code == 0
+
+
+def hardware_evidence(kind: str, xid: int | None, action: str) -> bool:
+    """The same judgement as Verdict.hardware, from a stored evidence row."""
+    if kind in ("gpu_lost", "node_down"):
+        return True
+    if kind != "xid" or xid is None:
+        return False
+    return describe_xid(xid).action not in SOFT_BUCKETS or action in ("exclude_node", "reset_gpu")
 
 
 def describe(ev: Evidence) -> str:

@@ -45,9 +45,12 @@ def rung(action: str) -> int:
     return LADDER.index(action) if action in LADDER else -1
 
 
-def next_level(level: str) -> str:
+def next_level(level: str, hardware: bool = True) -> str:
+    """One rung up. Without evidence about a node's hardware or reachability the ladder
+    skips exclude_node: a restart that failed is no reason to cordon a healthy node."""
     i = rung(level)
-    return LADDER[min(i + 1, len(LADDER) - 1)]
+    up = LADDER[min(i + 1, len(LADDER) - 1)]
+    return "stop_job" if up == "exclude_node" and not hardware else up
 
 
 class PolicyError(ValueError):
@@ -115,8 +118,28 @@ class Incidents(_Strict):
 
 class Hooks(_Strict):
     cordon: str = Field(max_length=1000)
+    uncordon: str = Field(default="", max_length=1000)
     gpu_reset: str = Field(max_length=1000)
     timeout_s: float = Field(gt=0, le=3600)
+
+
+class Breaker(_Strict):
+    """The blast-radius guard: automatic cordons in a rolling window are capped at
+    max(1, max_fraction x the cluster's nodes); beyond it an exclusion waits for an
+    operator."""
+
+    max_fraction: float = Field(ge=0, le=1)
+    window_s: float = Field(gt=0, le=7 * 86400)
+
+
+class Readmission(_Strict):
+    """How a node cordoned by trainguard comes back."""
+
+    auto: bool
+    readmit_after_s: float = Field(ge=0, le=30 * 86400)
+    health_check: str = Field(max_length=1000)
+    repair_after: int = Field(ge=1, le=1000)
+    repair_window_s: float = Field(gt=0, le=365 * 86400)
 
 
 class Stragglers(_Strict):
@@ -139,6 +162,8 @@ class _PolicyModel(_Strict):
     limits: Limits
     incidents: Incidents
     hooks: Hooks
+    breaker: Breaker
+    readmission: Readmission
     stragglers: Stragglers = Stragglers()
 
 
@@ -194,8 +219,14 @@ class Policy:
             "stragglers": self.straggler_overrides(),
             "hooks": {
                 "cordon": bool(m.hooks.cordon),
+                "uncordon": bool(m.hooks.uncordon),
                 "gpu_reset": bool(m.hooks.gpu_reset),
                 "timeout_s": m.hooks.timeout_s,
+            },
+            "breaker": m.breaker.model_dump(),
+            "readmission": {
+                **m.readmission.model_dump(exclude={"health_check"}),
+                "health_check": bool(m.readmission.health_check),
             },
         }
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from agent.xid import describe_xid
-from backend.engine.evidence import SOFT_BUCKETS, as_int
-from backend.models import Command, CommandAck, Event, Incident, Job, Node, Rank, Step
+from backend.engine.evidence import SOFT_BUCKETS, as_int, hardware_evidence
+from backend.models import Command, CommandAck, Event, Incident, Job, Node, NodeCordon, Rank, Step
 from backend.models.control import IncidentEvidence
 
 
@@ -35,12 +34,12 @@ def job_nodes(
     session: Session, job_id: int, since: float, exclude: set[int] | frozenset[int] = frozenset()
 ) -> dict[int, list[int]]:
     """The nodes hosting the job's ranks (alive or just exited: the launcher that respawns
-    them runs there), reported since `since`, cordoned and excluded nodes left out:
-    {node_id: [ranks]}."""
+    them runs there), reported since `since`, the excluded nodes left out: {node_id:
+    [ranks]}. A cordoned node is still one of them: cordon means no new work, and the
+    ranks still running there are live ranks of their job."""
     rows = session.execute(
         select(Rank.node_id, Rank.rank)
-        .join(Node, Node.id == Rank.node_id)
-        .where(Rank.job_id == job_id, Rank.updated_at >= since, Node.cordoned.is_(False))
+        .where(Rank.job_id == job_id, Rank.updated_at >= since)
         .order_by(Rank.rank)
     ).all()
     out: dict[int, list[int]] = {}
@@ -134,42 +133,114 @@ def failed_acks(session: Session, inc: Incident) -> list[tuple[int, str]]:
     return [(n, d) for n, d in session.execute(stmt).all()]
 
 
+def hardware_nodes(session: Session, inc: Incident) -> list[tuple[int, str]]:
+    """(node_id, detail) of the incident's evidence about a node's hardware or
+    reachability, newest first: what may exclude a node."""
+    rows = session.execute(
+        select(
+            IncidentEvidence.node_id,
+            IncidentEvidence.kind,
+            IncidentEvidence.xid,
+            IncidentEvidence.action,
+            IncidentEvidence.cause,
+            IncidentEvidence.detail,
+        )
+        .where(IncidentEvidence.incident_id == inc.id, IncidentEvidence.node_id.is_not(None))
+        .order_by(IncidentEvidence.ts.desc(), IncidentEvidence.id.desc())
+    ).all()
+    return [
+        (node_id, detail if detail.startswith(cause) else f"{cause}: {detail}")
+        for node_id, kind, xid, action, cause, detail in rows
+        if hardware_evidence(kind, xid, action)
+    ]
+
+
 def culprit_node(session: Session, inc: Incident) -> int | None:
-    """The node to exclude: the incident's fault node, else the node of a failed command,
-    else the node with the most evidence."""
-    if inc.node_id is not None:
-        return inc.node_id
-    failed = failed_acks(session, inc)
-    if failed:
-        return failed[0][0]
-    counts = Counter(
-        session.scalars(
-            select(IncidentEvidence.node_id).where(
-                IncidentEvidence.incident_id == inc.id, IncidentEvidence.node_id.is_not(None)
-            )
-        ).all()
+    """The node to exclude: the node of the incident's newest hardware evidence (a hard
+    XID, a lost GPU, a silent agent). None without such evidence: a failed restart, an
+    exception or a hang says nothing against a node (do no harm)."""
+    found = hardware_nodes(session, inc)
+    return found[0][0] if found else None
+
+
+def _newer_generation(inc: Incident) -> Any:
+    if inc.fault_attempt is None or inc.fault_iteration is None:
+        return None
+    return or_(
+        Step.attempt > inc.fault_attempt,
+        and_(Step.attempt == inc.fault_attempt, Step.iteration > inc.fault_iteration),
     )
-    return counts.most_common(1)[0][0] if counts else None
 
 
 def first_step_after(session: Session, inc: Incident) -> Any:
-    """The first step completed by a later generation than the fault's (or after the
-    restart ack), or None: (step, end)."""
+    """The first step of the job's recovery, or None: (step, start, end). It is a step of a
+    later generation than the fault's (or one started after the restart ack) that started
+    after the current action was taken (or after the fault, when none was): a step still
+    in flight at the fault, or one of a restart that came before the action, is not the
+    action's resumption."""
+    if inc.fault_at is None:
+        return None
     conds = []
-    if inc.fault_attempt is not None and inc.fault_iteration is not None:
-        conds.append(
-            or_(
-                Step.attempt > inc.fault_attempt,
-                and_(Step.attempt == inc.fault_attempt, Step.iteration > inc.fault_iteration),
-            )
-        )
+    newer = _newer_generation(inc)
+    if newer is not None:
+        conds.append(newer)
     if inc.restarted_at is not None:
         conds.append(Step.start >= inc.restarted_at)
-    if not conds or inc.fault_at is None:
+    if not conds:
         return None
+    after = max(inc.fault_at, inc.acted_at or 0.0)
     return session.execute(
-        select(Step.step, Step.end)
-        .where(Step.job_id == inc.job_id, Step.end >= inc.fault_at, or_(*conds))
+        select(Step.step, Step.start, Step.end)
+        .where(Step.job_id == inc.job_id, Step.start >= after, or_(*conds))
         .order_by(Step.end)
         .limit(1)
     ).first()
+
+
+def recovered_by_itself(session: Session, inc: Incident) -> Any:
+    """The first step of a generation later than the fault's that started after the
+    fault: the job restarted without trainguard (NVRx's Wrapper, its launcher), or None:
+    (step, start, end)."""
+    newer = _newer_generation(inc)
+    if newer is None or inc.fault_at is None:
+        return None
+    return session.execute(
+        select(Step.step, Step.start, Step.end)
+        .where(Step.job_id == inc.job_id, Step.start >= inc.fault_at, newer)
+        .order_by(Step.end)
+        .limit(1)
+    ).first()
+
+
+def capabilities(session: Session, job_id: int, since: float) -> dict[str, Any]:
+    """What the job's live ranks declared: in_process only when every one of them runs
+    under NVRx's Wrapper (a rank that declared nothing, an older SDK, is not counted
+    against it); the launchers they run under."""
+    rows = session.execute(
+        select(Rank.in_process, Rank.launcher).where(
+            Rank.job_id == job_id, Rank.alive.is_(True), Rank.updated_at >= since
+        )
+    ).all()
+    declared = [p for p, _ in rows if p is not None]
+    launchers = sorted({lch for _, lch in rows if lch})
+    in_process = all(declared) if declared else None
+    levels = ["in_process", "launcher"] if in_process is not False else ["launcher"]
+    if launchers == ["none"]:
+        levels = [lv for lv in levels if lv != "launcher"]
+    return {"in_process": in_process, "launchers": launchers, "levels": levels}
+
+
+def engine_cordons_since(session: Session, since: float) -> int:
+    """Automatic cordons (the breaker's count) since `since`."""
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(NodeCordon)
+            .where(NodeCordon.by == "engine", NodeCordon.at >= since)
+        )
+        or 0
+    )
+
+
+def cluster_size(session: Session) -> int:
+    return int(session.scalar(select(func.count()).select_from(Node)) or 0)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from backend.engine import queries as q
 from backend.engine.actions import ENGINE_ACTOR, HookJob
 from backend.engine.decide import Decider
-from backend.engine.evidence import Evidence
+from backend.engine.evidence import JOB_CAUSES, Evidence
 from backend.engine.hooks import HookResult
 from backend.engine.policy import next_level
 from backend.models import Incident, Job, Node, Rank
@@ -29,6 +29,8 @@ from backend.models import Incident, Job, Node, Rank
 RESUME_GRACE_S = 2.0
 # A failed ack saying this found nothing to restart on its node (the executor's words).
 NOTHING_HERE = "no live rank"
+# The outcome of an action that found no live rank anywhere (actions.issue).
+NO_RANK = "no live rank of the job to restart"
 # The sweep looks at incidents acted on (or failed) this recently; older ones are left as
 # they are (an operator sees them open or failed), so each sweep stays small.
 LOOKBACK_S = 3600.0
@@ -86,6 +88,23 @@ def silent_nodes(
         seen.clear()
 
 
+def self_recovered(d: Decider, session: Session, now: float) -> None:
+    """Incidents still waiting for their cooldown whose job restarted by itself (NVRx's
+    Wrapper, its launcher) and made a step: resolved, nothing is sent."""
+    rows = session.scalars(
+        select(Incident)
+        .where(
+            Incident.status == "open",
+            Incident.acted_at.is_(None),
+            Incident.cause.in_(JOB_CAUSES),
+            Incident.created_at >= now - LOOKBACK_S,
+        )
+        .with_for_update()
+    ).all()
+    for inc in rows:
+        d.recovered_itself(session, inc)
+
+
 def due_incidents(d: Decider, session: Session, now: float) -> None:
     """Open incidents not acted on yet whose time has come: cooldown over, or approved."""
     rows = session.scalars(
@@ -131,6 +150,8 @@ def failed_incidents(d: Decider, session: Session, now: float) -> None:
         job = session.get(Job, inc.job_id)
         if job is None:
             continue
+        if _resumed_anyway(d, session, inc, now):
+            continue
         if not _wait_for_relaunch(d, session, inc, failed, now):
             _climb(d, session, inc, job, failed[0], "")
 
@@ -154,11 +175,40 @@ def relaunch_waits(d: Decider, session: Session, now: float) -> None:
     for inc in rows:
         failed = q.failed_acks(session, inc)
         job = session.get(Job, inc.job_id)
+        if job is not None and not failed and inc.outcome.startswith(NO_RANK):
+            # Nothing to restart and no new generation came: the job is gone.
+            inc.status = "failed"
+            inc.closed_at = now
+            inc.not_before = None
+            inc.outcome = (
+                f"no rank of the job came back within {d.policy.model.escalation.relaunch_wait_s:g}"
+                " s: its launcher gave up or the job was ended"
+            )
+            d.touched.add(inc.id)
+            continue
         if not failed or job is None or inc.level == "stop_job":
             inc.not_before = None
             continue
         wait = d.policy.model.escalation.relaunch_wait_s
         _climb(d, session, inc, job, failed[0], f"; no step of a new generation within {wait:g} s")
+
+
+def _resumed_anyway(d: Decider, session: Session, inc: Incident, now: float) -> bool:
+    """A command acked failed while the job did resume after the action (its launcher or
+    NVRx restarted it): the restart worked, the incident is resolved."""
+    first = q.first_step_after(session, inc)
+    if first is None:
+        return False
+    inc.resumed_at = first.end
+    inc.status = "resolved"
+    inc.closed_at = now
+    inc.not_before = None
+    inc.outcome = f"resumed (the job's steps) although a command said: {inc.outcome}"[:2000]
+    if inc.lost_steps is None and inc.fault_step is not None:
+        inc.lost_steps = max(0, inc.fault_step - first.step + 1)
+    d.touched.add(inc.id)
+    d._count("resumed_despite_failed_ack")
+    return True
 
 
 def _wait_for_relaunch(
@@ -200,12 +250,10 @@ def _climb(
     node_id, detail = failure
     node = session.get(Node, node_id)
     name = node.name if node is not None else "?"
-    if inc.node_id is None:
-        inc.node_id = node_id
     inc.escalations += 1
-    up = next_level(inc.level)
+    up = next_level(inc.level, hardware=bool(q.hardware_nodes(session, inc)))
     why = f"the {inc.level} action failed on {name}: {detail}{more}"
-    level, notes = d.plan(session, job, up, d.clock())
+    level, notes = d.plan(session, inc, job, up, d.clock())
     d.act(session, inc, job, level, "; ".join([why, *notes]), ENGINE_ACTOR, "auto")
 
 

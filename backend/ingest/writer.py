@@ -639,6 +639,9 @@ class IngestWriter:
                     "last_step": r.last_step,
                     "alive": r.alive,
                     "updated_at": it.received_at,
+                    # Declared by the SDK (wire fields added with it; None from older agents).
+                    "in_process": getattr(r, "in_process", None),
+                    "launcher": getattr(r, "launcher", None),
                 }
         if ranks:
             stmt = self._insert_ignore(Rank)
@@ -659,6 +662,9 @@ class IngestWriter:
                 j["world_size"] = max(j.get("world_size", 1), r.world_size)
                 j["attempt"] = max(j.get("attempt", 0), r.attempt)
                 j["iteration"] = max(j.get("iteration", 0), r.iteration)
+                display = getattr(r, "display_name", None)
+                if display:
+                    j["display_name"] = display
             for s in it.batch.steps:
                 j = summary.setdefault(job_ids[s.job], {"last_seen": it.received_at})
                 j["last_step"] = max(j.get("last_step", -1), s.step)

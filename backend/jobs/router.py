@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
@@ -10,6 +11,7 @@ from pydantic import BaseModel, Field
 from backend.auth import OperatorDep, ViewerDep
 from backend.commands import service as commands
 from backend.db import SessionDep
+from backend.engine.queries import capabilities
 from backend.jobs import service
 
 router = APIRouter(tags=["jobs"])
@@ -22,11 +24,13 @@ def list_jobs(session: SessionDep, _: ViewerDep) -> list[dict[str, Any]]:
     return service.list_jobs(session)
 
 
-@router.get("/jobs/{job}", summary="One job with its ranks")
-def get_job(job: JobName, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
+@router.get("/jobs/{job}", summary="One job with its ranks and what it can carry out")
+def get_job(job: JobName, request: Request, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
     j = service.get_job(session, job)
     out = service.job_dict(j)
     out["ranks"] = service.ranks(session, j)
+    fresh = request.app.state.settings.node_down_after_s
+    out["capabilities"] = capabilities(session, j.id, time.time() - fresh)
     return out
 
 
@@ -52,7 +56,10 @@ class RestartRequest(BaseModel):
     "/jobs/{job}/restarts",
     status_code=202,
     summary="Ask for a restart of a job (operator; audited)",
-    responses={404: {"description": "unknown job"}, 409: {"description": "no live ranks"}},
+    responses={
+        404: {"description": "unknown job"},
+        409: {"description": "no live ranks, or a level the job cannot carry out"},
+    },
 )
 def restart_job(
     job: JobName, body: RestartRequest, request: Request, session: SessionDep, who: OperatorDep

@@ -29,6 +29,11 @@ def job_dict(job: Job, open_incidents: int = 0) -> dict[str, Any]:
         "iteration": job.iteration,
         "last_step": job.last_step,
         "open_incidents": open_incidents,
+        "display_name": job.display_name or job.name,
+        "state": job.state,
+        "state_since": job.state_since,
+        "state_reason": job.state_reason,
+        "ended_at": job.ended_at,
     }
 
 
@@ -77,6 +82,8 @@ def ranks(session: Session, job: Job) -> list[dict[str, Any]]:
             "last_step": r.last_step,
             "alive": r.alive,
             "updated_at": r.updated_at,
+            "in_process": r.in_process,
+            "launcher": r.launcher,
         }
         for r, name in rows
     ]

@@ -8,13 +8,16 @@ from backend.models.cluster import (
     Gpu,
     IngestBatch,
     Node,
+    NodeCordon,
     Sample,
     SampleRollup,
 )
 from backend.models.control import TIMELINE, AuditLog, Command, CommandAck, Incident
-from backend.models.jobs import Job, Rank, Step
+from backend.models.jobs import JOB_ENDED, JOB_STATES, Job, Rank, Step
 
 __all__ = [
+    "JOB_ENDED",
+    "JOB_STATES",
     "SAMPLE_READINGS",
     "TIMELINE",
     "ApiToken",
@@ -28,6 +31,7 @@ __all__ = [
     "IngestBatch",
     "Job",
     "Node",
+    "NodeCordon",
     "Rank",
     "Sample",
     "SampleRollup",

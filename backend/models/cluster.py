@@ -41,6 +41,26 @@ class Node(Base):
     gpus: Mapped[list[Gpu]] = relationship(back_populates="node", lazy="raise")
 
 
+class NodeCordon(Base):
+    """One cordon of a node, from the moment it was cordoned to its readmission: who or
+    what cordoned it and why (the incident and its evidence), who readmitted it. The
+    history of a node's cordons flags a node cordoned again and again for repair."""
+
+    __tablename__ = "node_cordons"
+    __table_args__ = (Index("ix_node_cordons_node_at", "node_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    at: Mapped[float] = mapped_column(Float)
+    by: Mapped[str] = mapped_column(String(128))  # "engine" or an operator's name
+    reason: Mapped[str] = mapped_column(Text, default="")
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
+    evidence: Mapped[str] = mapped_column(Text, default="")  # the hardware evidence, in words
+    released_at: Mapped[float | None] = mapped_column(Float)
+    released_by: Mapped[str | None] = mapped_column(String(128))
+    release_reason: Mapped[str | None] = mapped_column(Text)
+
+
 class Gpu(Base):
     __tablename__ = "gpus"
 

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.models.base import Base, BigId
+
+JOB_STATES = ("running", "restarting", "waiting", "finished", "failed", "stopped")
+JOB_ENDED = ("finished", "failed", "stopped")
 
 
 class Job(Base):
@@ -19,6 +32,16 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     iteration: Mapped[int] = mapped_column(Integer, default=0)
     last_step: Mapped[int | None] = mapped_column(Integer)
+    # running | restarting | waiting | finished | failed | stopped (JOB_STATES)
+    state: Mapped[str] = mapped_column(
+        String(16), default="running", server_default=text("'running'")
+    )
+    state_since: Mapped[float | None] = mapped_column(Float)
+    state_reason: Mapped[str] = mapped_column(Text, default="", server_default=text("''"))
+    # When the job ended (finished, failed or stopped): goodput is accounted up to here.
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    # A readable name (the script's name and a short id), as the SDK declares it.
+    display_name: Mapped[str | None] = mapped_column(String(128))
 
 
 class Rank(Base):
@@ -37,6 +60,10 @@ class Rank(Base):
     last_step: Mapped[int | None] = mapped_column(Integer)
     alive: Mapped[bool] = mapped_column(Boolean, default=True)
     updated_at: Mapped[float] = mapped_column(Float)
+    # What the rank supports, as its SDK declares it (None: not declared, an older SDK):
+    # in_process only under NVRx's inprocess.Wrapper; the launcher that respawns it.
+    in_process: Mapped[bool | None] = mapped_column(Boolean)
+    launcher: Mapped[str | None] = mapped_column(String(16))
 
 
 class Step(Base):

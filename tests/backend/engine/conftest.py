@@ -13,9 +13,11 @@ import pytest
 from sqlalchemy import select, update
 
 from agent import wire
+from backend.commands import service as commands_service
 from backend.engine.engine import DecisionEngine
 from backend.engine.leader import SingleProcessLeadership
 from backend.engine.policy import load_policy
+from backend.ingest import router as ingest_router
 from backend.models import Command, Incident, Node, Rank
 
 # Ranks stay "live" for the whole test whatever the test clock says.
@@ -32,6 +34,21 @@ class Clock:
     def advance(self, s: float) -> float:
         self.t += s
         return self.t
+
+
+class _ClockTime:
+    """The `time` module as seen by the backend's request handlers in these tests: its
+    time() is the test clock, so received and ack times move with the engine's clock and
+    the timelines the engine builds are in the order they would be for real."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+
+    def time(self) -> float:
+        return self._clock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
 
 
 class Cluster:
@@ -121,7 +138,7 @@ class Cluster:
 
 @pytest.fixture
 def make_cluster(
-    make_client: Callable[..., Any], tmp_path: Path
+    make_client: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., Cluster]]:
     engines: list[DecisionEngine] = []
 
@@ -130,6 +147,8 @@ def make_cluster(
         path = tmp_path / f"policy-{len(engines)}.toml"
         path.write_text(policy)
         clock = Clock()
+        for module in (ingest_router, commands_service):
+            monkeypatch.setattr(module, "time", _ClockTime(clock))
         engine = DecisionEngine(
             client.app.state.sessions,
             load_policy(path),

@@ -1,6 +1,6 @@
 """The escalation ladder, the cooldown and the restart budget: repeated faults climb
-in_process -> launcher -> exclude_node -> stop_job, and a restart storm yields a bounded
-number of actions."""
+in_process -> launcher -> exclude_node -> stop_job (exclude_node only on evidence about a
+node's hardware), and a restart storm yields a bounded number of actions."""
 
 from __future__ import annotations
 
@@ -30,25 +30,62 @@ def test_repeated_failures_climb_the_ladder(make_cluster: Any) -> None:
     c = make_cluster(LADDER_POLICY)
     c.job("job", {"n1": (0, 1), "n2": (2, 3)})
     levels = []
-    for _ in range(5):
+    for _ in range(4):
         c.clock.advance(30)  # each fault its own episode
         fault(c)
         levels.append(c.incidents("job")[-1]["level"])
         c.recover()
-    assert levels == ["in_process", "in_process", "launcher", "exclude_node", "stop_job"]
+    # Exceptions say nothing against a node: the ladder skips exclude_node.
+    assert levels == ["in_process", "in_process", "launcher", "stop_job"]
     incs = c.incidents("job")
-    # exclude_node: n1 (where the faults are) cordoned, the launcher restart on n2 only.
-    assert [(x["node"], x["action"]) for x in incs[3]["commands"]] == [("n2", "launcher")]
-    assert c.client.get("/api/v1/nodes/n1").json()["cordoned"] is True
     assert "2 in_process actions within 600 s" in incs[2]["decisions"][-1]["why"]
-    stopped = incs[4]
+    assert "1 launcher actions within 600 s: stop_job" in incs[3]["decisions"][-1]["why"]
+    for node in ("n1", "n2"):
+        assert c.client.get(f"/api/v1/nodes/{node}").json()["cordoned"] is False
+    stopped = incs[3]
     assert stopped["status"] == "stopped" and stopped["commands"] == []
     assert "no more automatic restarts" in stopped["outcome"]
+    assert c.client.get("/api/v1/jobs/job").json()["state"] == "stopped"
     # A job given up stays given up: later evidence joins the stopped incident.
     c.clock.advance(30)
     fault(c, node="n2", rank=2)
-    assert len(c.incidents("job")) == 5
+    assert len(c.incidents("job")) == 4
     assert len(c.incidents("job")[-1]["evidence"]) == 2
+
+
+HARDWARE_LADDER = """
+[xid]
+repeat_count = 1000
+[xid.buckets]
+RESET_GPU = "launcher"
+[escalation]
+window_s = 600
+launcher = 1
+exclude_node = 1
+[limits]
+cooldown_s = 0
+budget_per_hour = 100
+"""
+
+
+def test_repeated_hardware_faults_climb_to_exclude_the_node(make_cluster: Any) -> None:
+    c = make_cluster(HARDWARE_LADDER)
+    c.job("job", {"n1": (0, 1), "n2": (2, 3)})
+    levels = []
+    for _ in range(2):
+        c.clock.advance(30)
+        c.event("n1", "xid", xid=48, gpu_uuid="GPU-n1-0")  # a double-bit ECC error
+        c.decide()
+        levels.append(c.incidents("job")[-1]["level"])
+        c.recover()
+    assert levels == ["launcher", "exclude_node"]
+    # n1 (where the XIDs are) cordoned, the launcher restart on n2 only.
+    assert [(x["node"], x["action"]) for x in c.incidents("job")[1]["commands"]] == [
+        ("n2", "launcher")
+    ]
+    node = c.client.get("/api/v1/nodes/n1").json()
+    assert node["cordoned"] is True
+    assert node["cordon"]["by"] == "engine" and "xid 48" in node["cordon"]["evidence"].lower()
 
 
 def test_the_ladder_forgets_actions_older_than_the_window(make_cluster: Any) -> None:

@@ -48,8 +48,11 @@ def test_an_xid_reported_after_the_rank_exit_escalates_the_same_incident(
     c.decide()
     (inc,) = c.incidents("job")
     assert inc["level"] == "exclude_node" and inc["escalations"] == 1
-    assert inc["cause"] == "xid 79" and inc["node"] == "n1"
-    assert "stronger evidence" in inc["decisions"][-1]["why"]
+    # The root stays the rank's exit; the XID escalated the action and is recorded so.
+    assert inc["cause"] == "rank_exit" and inc["node"] == "n1"
+    assert inc["timeline"]["fault_at"] == t
+    assert "stronger evidence: xid 79 on n1" in inc["decisions"][-1]["why"]
+    assert inc["decisions"][-1]["node"] == "n1"
     latest = [x for x in inc["commands"] if x["issued_at"] >= inc["acted_at"]]
     assert [(x["node"], x["action"]) for x in latest] == [("n2", "launcher")]
 

@@ -1,0 +1,186 @@
+"""The engine's sweep over lifecycles: jobs (running, restarting, waiting, finished,
+failed, stopped) and cordoned nodes (readmission).
+
+- A job is `restarting` while an action on it is under way, `waiting` while an exclusion
+  left it no schedulable node, `finished` once every rank it had exited 0 and no new
+  generation followed within `END_GRACE_S`, `failed` when its ranks are gone, not all
+  cleanly, and no generation followed within `escalation.relaunch_wait_s` (the launcher
+  gave up), `stopped` after stop_job. A job seen again after its end runs again.
+- A waiting job restarts (launcher) once a node hosting its ranks is readmitted.
+- A node cordoned by the engine is readmitted (policy `[readmission]`) once its agent has
+  reported for `readmit_after_s` with every GPU present and no hard XID, and the health
+  check hook (if any) exits 0; a node flagged for repair waits for an operator.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from backend.cluster import cordons
+from backend.engine import queries as q
+from backend.engine.actions import ENGINE_ACTOR, HookJob, set_job_state
+from backend.engine.decide import Decider
+from backend.engine.evidence import clean_exit
+from backend.models import JOB_ENDED, Event, Gpu, Incident, Job, Node, NodeCordon, Rank, Sample
+from backend.models.control import ACTIVE_STATUSES
+
+# Every rank exited 0 and nothing came back for this long: the job finished.
+END_GRACE_S = 5.0
+# Jobs and cordons looked at by the sweep: seen within this long.
+LOOKBACK_S = 3600.0
+WAITING = "waiting: no schedulable node"
+
+
+def job_states(d: Decider, session: Session, now: float) -> None:
+    jobs = session.scalars(
+        select(Job).where(
+            Job.last_seen >= now - LOOKBACK_S,
+            or_(
+                Job.state.not_in(JOB_ENDED),
+                and_(Job.state != "stopped", Job.last_seen > Job.ended_at + END_GRACE_S),
+            ),
+        )
+    ).all()
+    wait = d.policy.model.escalation.relaunch_wait_s
+    for job in jobs:
+        inc = session.scalar(
+            select(Incident)
+            .where(Incident.job_id == job.id, Incident.status.in_(ACTIVE_STATUSES))
+            .order_by(Incident.id.desc())
+            .limit(1)
+        )
+        if inc is not None and inc.outcome.startswith(WAITING):
+            continue  # waiting_jobs' business
+        ranks = session.execute(
+            select(Rank.rank, Rank.alive, Rank.updated_at).where(Rank.job_id == job.id)
+        ).all()
+        if any(alive for _, alive, _ in ranks) or not ranks:
+            state = "restarting" if _under_way(inc) else "running"
+            _set(d, job, state, now, "")
+            continue
+        last = max(t for _, _, t in ranks)
+        exits = _last_exits(session, job.name, last - LOOKBACK_S)
+        clean = all(r in exits and clean_exit(exits[r][1]) for r, _, _ in ranks)
+        if clean and now - last >= END_GRACE_S and inc is None:
+            ended = max((exits[r][0] for r, _, _ in ranks), default=last)
+            _set(d, job, "finished", now, "every rank exited 0", ended)
+        elif not clean and now - last >= max(wait, END_GRACE_S) and not _under_way(inc):
+            ended = max((ts for ts, _ in exits.values()), default=last)
+            _set(d, job, "failed", now, "its ranks are gone and its launcher gave up", ended)
+        elif _under_way(inc):
+            _set(d, job, "restarting", now, "")
+
+
+def _under_way(inc: Incident | None) -> bool:
+    return inc is not None and inc.status == "open" and inc.acted_at is not None
+
+
+def _set(
+    d: Decider, job: Job, state: str, now: float, reason: str, ended: float | None = None
+) -> None:
+    if job.state == state:
+        return
+    set_job_state(job, state, now, reason)
+    if ended is not None:
+        job.ended_at = ended
+    d._count(f"job_{state}")
+
+
+def _last_exits(session: Session, job: str, since: float) -> dict[int, tuple[float, dict]]:
+    """Each rank's last rank_exit event: {rank: (ts, data)}."""
+    out: dict[int, tuple[float, dict]] = {}
+    for rank, ts, data in session.execute(
+        select(Event.rank, Event.ts, Event.data)
+        .where(Event.kind == "rank_exit", Event.job == job, Event.ts >= since)
+        .order_by(Event.ts)
+    ):
+        if rank is not None:
+            out[rank] = (ts, dict(data or {}))
+    return out
+
+
+def waiting_jobs(d: Decider, session: Session, now: float) -> None:
+    """A job left without a schedulable node restarts once one of its nodes is back."""
+    rows = session.scalars(
+        select(Incident)
+        .where(Incident.status == "open", Incident.outcome.startswith(WAITING))
+        .with_for_update()
+    ).all()
+    for inc in rows:
+        job = session.get(Job, inc.job_id)
+        if job is None:
+            continue
+        targets = q.job_nodes(session, job.id, now - d.fresh_within_s)
+        free = [
+            nid for nid in targets if (n := session.get(Node, nid)) is not None and not n.cordoned
+        ]
+        if not free:
+            continue
+        inc.outcome = "capacity is back: launcher restart"
+        set_job_state(job, "restarting", now)
+        d.issue(session, inc, job, "launcher", frozenset())
+        d.touched.add(inc.id)
+
+
+def readmissions(d: Decider, session: Session, now: float, running: set[tuple[int, float]]) -> None:
+    policy = d.policy.model.readmission
+    if not policy.auto:
+        return
+    rows = session.scalars(
+        select(NodeCordon).where(
+            NodeCordon.released_at.is_(None),
+            NodeCordon.by == ENGINE_ACTOR,
+            NodeCordon.at <= now - policy.readmit_after_s,
+        )
+    ).all()
+    for row in rows:
+        node = session.get(Node, row.node_id)
+        if node is None or not node.cordoned or (-node.id, row.at) in running:
+            continue
+        recent = cordons.counts_since(session, now - policy.repair_window_s, [node.id])
+        if recent.get(node.id, 0) >= policy.repair_after:
+            continue  # flagged for repair: an operator readmits it
+        if not _healthy(d, session, node, now, policy.readmit_after_s):
+            continue
+        if policy.health_check:
+            values = {"node": node.name, "incident": row.incident_id or ""}
+            d.hooks_due.append(
+                HookJob(
+                    0, row.at, "health_check", policy.health_check, values, frozenset(), node.id
+                )
+            )
+            continue
+        d.readmit_node(session, node, f"healthy for {policy.readmit_after_s:g} s")
+
+
+def _healthy(d: Decider, session: Session, node: Node, now: float, for_s: float) -> bool:
+    """The agent reports, every GPU of the node reports readings (none lost) over the
+    last `for_s`, and no hard XID or lost GPU came from it in that time."""
+    if node.last_seen < now - d.fresh_within_s:
+        return False
+    if q.hard_xids_on_node(session, node.id, now - for_s, now + 60) > 0:
+        return False
+    gpus = session.scalars(select(Gpu.id).where(Gpu.node_id == node.id)).all()
+    if not gpus:
+        return True
+    since = now - min(for_s, 600.0)
+    lost = session.scalar(
+        select(func.count())
+        .select_from(Sample)
+        .where(
+            Sample.gpu_id.in_(gpus),
+            Sample.ts >= since,
+            Sample.util.is_(None),
+            Sample.temp_c.is_(None),
+            Sample.power_w.is_(None),
+        )
+    )
+    if lost:
+        return False
+    fresh = session.execute(
+        select(Sample.gpu_id)
+        .where(Sample.gpu_id.in_(gpus), Sample.ts >= now - d.fresh_within_s)
+        .group_by(Sample.gpu_id)
+    ).all()
+    return len(fresh) == len(gpus)
