@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
@@ -47,7 +49,7 @@ def violations(url: str) -> list[str]:
 def incident_violations(s: Session, inc: Incident) -> list[str]:
     out: list[str] = []
     present = [(f, getattr(inc, f)) for f in TIMELINE if getattr(inc, f) is not None]
-    for (fa, a), (fb, b) in zip(present, present[1:], strict=False):
+    for (fa, a), (fb, b) in itertools.pairwise(present):
         if b < a:
             out.append(f"incident {inc.id}: {fb} ({b:.3f}) before {fa} ({a:.3f})")
     d = incident_dict(s, inc)

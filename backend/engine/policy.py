@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 
 DEFAULT_POLICY_FILE = Path(__file__).resolve().parent.parent / "policy" / "default.toml"
 
@@ -68,6 +75,16 @@ class Causes(_Strict):
     heartbeat_lost: ActionName
     gpu_lost: ActionName
     node_down: ActionName
+
+    @field_validator("exception", "hang", "rank_exit", "heartbeat_lost")
+    @classmethod
+    def _no_harm(cls, v: str) -> str:
+        if v in ("exclude_node", "reset_gpu"):
+            raise ValueError(
+                f"{v!r} needs evidence about a node's hardware; a job's own fault says "
+                "nothing about it (use in_process, launcher, stop_job or ignore)"
+            )
+        return v
 
 
 class Buckets(_Strict):

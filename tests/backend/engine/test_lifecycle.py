@@ -1,0 +1,171 @@
+"""Lifecycles: a cordoned node comes back (readmission) unless it is flagged for repair;
+a job is finished when its ranks exit 0 and its goodput stops there; a job says what it
+can carry out and a restart it cannot is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import wire
+from backend.engine.policy import PolicyError, load_policy
+
+READMIT = "[readmission]\nreadmit_after_s = 30\n"
+
+
+def _gpu(c: Any, node: str, lost: bool) -> None:
+    uuid = f"GPU-{node}-0"
+    sample = (
+        wire.GpuSample(uuid=uuid, ts=c.clock.t)  # every reading missing: fallen off the bus
+        if lost
+        else wire.GpuSample(uuid=uuid, ts=c.clock.t, util=0.0, temp_c=31.0, power_w=60.0)
+    )
+    c.post(node, gpus=[wire.GpuInfo(uuid=uuid, index=0)], samples=[sample])
+
+
+def test_a_node_is_readmitted_after_its_simulated_reboot(make_cluster: Any) -> None:
+    c = make_cluster(READMIT)
+    c.job("job", {"n1": (0,), "n2": (1,)})
+    _gpu(c, "n1", lost=False)
+    c.event("n1", "xid", xid=79, gpu_uuid="GPU-n1-0")
+    _gpu(c, "n1", lost=True)
+    c.decide()
+    node = c.client.get("/api/v1/nodes/n1").json()
+    assert node["cordoned"] is True and node["cordon"]["by"] == "engine"
+    assert "xid 79" in node["cordon"]["evidence"]
+    # Lost until the (simulated) reboot 20 s later; healthy from then on.
+    for _ in range(4):
+        c.clock.advance(5)
+        _gpu(c, "n1", lost=True)
+        c.decide()
+    for _ in range(5):
+        c.clock.advance(5)
+        _gpu(c, "n1", lost=False)
+        c.decide()
+        assert c.client.get("/api/v1/nodes/n1").json()["cordoned"] is True  # < 30 s healthy
+    c.clock.advance(6)
+    _gpu(c, "n1", lost=False)
+    c.decide()
+    node = c.client.get("/api/v1/nodes/n1").json()
+    assert node["cordoned"] is False and node["cordon"] is None
+    (h,) = c.client.get("/api/v1/nodes/n1/cordons").json()
+    assert h["by"] == "engine" and h["released_by"] == "engine"
+    assert "healthy for 30 s" in h["release_reason"]
+
+
+def test_a_node_cordoned_again_and_again_is_flagged_for_repair(make_cluster: Any) -> None:
+    c = make_cluster(READMIT)
+    c.job("job", {"n1": (0,), "n2": (1,)})
+    for _ in range(2):
+        assert c.client.post("/api/v1/nodes/n1/cordon", json={"reason": "flaky"}).status_code == 200
+        assert c.client.post("/api/v1/nodes/n1/uncordon", json={}).status_code == 200
+    _gpu(c, "n1", lost=False)
+    c.event("n1", "xid", xid=79, gpu_uuid="GPU-n1-0")
+    c.decide()
+    for _ in range(10):
+        c.clock.advance(10)
+        _gpu(c, "n1", lost=False)
+        c.decide()
+    node = c.client.get("/api/v1/nodes/n1").json()
+    assert node["cordoned"] is True and node["repair"] is True and node["cordons_recent"] == 3
+    assert len(c.client.get("/api/v1/nodes/n1/cordons").json()) == 3
+
+
+def test_readmitting_an_unknown_node_is_a_404(client: Any) -> None:
+    r = client.post("/api/v1/nodes/no-such-node/uncordon", json={"reason": "x"})
+    assert r.status_code == 404 and "no-such-node" in r.json()["detail"]
+
+
+def test_a_policy_key_out_of_range_is_refused_with_its_key_and_line(tmp_path: Path) -> None:
+    p = tmp_path / "policy.toml"
+    p.write_text("[breaker]\nmax_fraction = 1.5\n")
+    with pytest.raises(PolicyError, match=r"breaker\.max_fraction \(line 2\)"):
+        load_policy(p)
+    p.write_text("[causes]\nexception = 'exclude_node'\n")
+    with pytest.raises(PolicyError, match=r"causes\.exception"):
+        load_policy(p)
+
+
+def test_a_job_whose_ranks_exit_0_is_finished_and_its_goodput_stops_there(
+    make_cluster: Any,
+) -> None:
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    c.decide()
+    assert c.client.get("/api/v1/jobs/job").json()["state"] == "running"
+    c.clock.advance(1)
+    end = c.clock.t
+    c.post(
+        "n1",
+        ranks=[wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False) for r in (0, 1)],
+        events=[
+            wire.Event(kind="rank_exit", ts=end, job="job", rank=r, data={"exit_code": 0})
+            for r in (0, 1)
+        ],
+    )
+    c.decide()
+    assert c.incidents("job") == []  # normal exits are no fault
+    c.clock.advance(10)
+    c.decide()
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "finished" and job["ended_at"] == pytest.approx(end)
+    g = c.client.get("/api/v1/jobs/job/goodput", params={"window": "all"}).json()
+    assert g["until"] == pytest.approx(end)
+
+
+def test_an_unclean_exit_is_a_fault_whatever_it_says(make_cluster: Any) -> None:
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    c.event("n1", "rank_exit", job="job", rank=1, data={"exit_code": 1, "clean": True})
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["cause"] == "rank_exit" and inc["level"] == "launcher"
+
+
+def _declare(c: Any, node: str, in_process: bool, launcher: str) -> None:
+    c.post(
+        node,
+        ranks=[
+            wire.RankStatus(
+                job="job",
+                rank=r,
+                pid=1000 + r,
+                world_size=2,
+                in_process=in_process,
+                launcher=launcher,
+            )
+            for r in (0, 1)
+        ],
+    )
+
+
+def test_in_process_needs_every_rank_under_the_wrapper(make_cluster: Any) -> None:
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    _declare(c, "n1", in_process=False, launcher="torchrun")
+    caps = c.client.get("/api/v1/jobs/job").json()["capabilities"]
+    assert caps == {"in_process": False, "launchers": ["torchrun"], "levels": ["launcher"]}
+    body = {"level": "in_process", "reason": "try it"}
+    r = c.client.post("/api/v1/jobs/job/restarts", json=body)
+    assert r.status_code == 409 and "Wrapper" in r.json()["detail"]
+    assert c.incidents("job") == []  # nothing changed
+    r = c.client.post("/api/v1/jobs/job/restarts", json={"level": "reboot", "reason": "x"})
+    assert r.status_code == 422
+    # The engine picks launcher for an exception of such a job.
+    c.event("n1", "exception", job="job", rank=0, message="RuntimeError: boom")
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["level"] == "launcher"
+    assert "not every live rank runs under NVRx's Wrapper" in inc["decisions"][-1]["why"]
+
+
+def test_a_wrapped_job_gets_in_process(make_cluster: Any) -> None:
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    _declare(c, "n1", in_process=True, launcher="ft_launcher")
+    c.event("n1", "exception", job="job", rank=0, message="RuntimeError: boom")
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["level"] == "in_process"
