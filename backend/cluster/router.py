@@ -15,6 +15,7 @@ from backend.cluster import cordons, service
 from backend.db import SessionDep
 from backend.engine.hooks import run_hook
 from backend.errors import DomainError
+from backend.models import AuditLog
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,9 @@ def cordon(
 ) -> dict[str, Any]:
     n = service.get_node(session, node)
     reason = (body.reason if body else "") or "cordoned by an operator"
-    cordons.cordon(session, n, who.name, reason, time.time())
+    now = time.time()
+    if cordons.cordon(session, n, who.name, reason, now) is None:
+        _audit(session, now, who.name, "cordon", node, reason)  # already cordoned
     return {"name": node, "cordoned": True}
 
 
@@ -145,6 +148,14 @@ def uncordon(
 ) -> dict[str, Any]:
     n = service.get_node(session, node)
     reason = (body.reason if body else "") or "readmitted by an operator"
-    if cordons.readmit(session, n, who.name, reason, time.time()):
+    now = time.time()
+    if cordons.readmit(session, n, who.name, reason, now):
         background.add_task(_uncordon_hook, request, node, who.name)
+    else:
+        _audit(session, now, who.name, "uncordon", node, reason)  # was not cordoned
     return {"name": node, "cordoned": False}
+
+
+def _audit(session: SessionDep, now: float, who: str, action: str, node: str, why: str) -> None:
+    """Every operator action is audited, also one that changed nothing."""
+    session.add(AuditLog(ts=now, actor=who, action=action, target=f"node:{node}", reason=why))

@@ -24,6 +24,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/nodes"): "viewer",
     ("GET", "/api/v1/nodes/{node}"): "viewer",
     ("GET", "/api/v1/nodes/{node}/gpus"): "viewer",
+    ("GET", "/api/v1/nodes/{node}/cordons"): "viewer",
     ("GET", "/api/v1/gpus/{uuid}/samples"): "viewer",
     ("GET", "/api/v1/events"): "viewer",
     ("GET", "/api/v1/jobs"): "viewer",

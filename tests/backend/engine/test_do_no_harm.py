@@ -47,6 +47,7 @@ def test_three_xid_79s_on_8_nodes_give_2_cordons_and_1_pending(make_cluster: Any
     # An operator approves it: the exclusion is carried out.
     r = c.client.post(f"/api/v1/incidents/{held['id']}/approve", json={"reason": "checked"})
     assert r.status_code == 202, r.text
+    c.clock.advance(5)  # (the approval is stamped with the server's real clock)
     c.decide()
     node = c.client.get("/api/v1/nodes/n2").json()
     assert node["cordoned"] is True and node["cordon"]["incident_id"] == held["id"]
