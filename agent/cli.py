@@ -118,6 +118,14 @@ def agent(
         int | None,
         typer.Option(min=0, max=65535, help="serve Prometheus metrics on this port (9401)"),
     ] = None,
+    socket: Annotated[
+        Path | None,
+        typer.Option(
+            help="SDK socket (default: /run/trainguard/agent.sock as root, else "
+            "$XDG_RUNTIME_DIR/trainguard/ or /tmp/trainguard-<uid>/; the SDK finds these "
+            "with no setting). Elsewhere, give the ranks TRAINGUARD_AGENT_SOCKET too"
+        ),
+    ] = None,
 ) -> None:
     """Run the node agent: GPU health, XIDs, rank heartbeats and steps -> backend."""
     from pydantic import ValidationError
@@ -132,6 +140,7 @@ def agent(
         "simulate": simulate,
         "interval": interval,
         "metrics_port": metrics_port,
+        "socket_path": socket,
     }
     try:
         cfg = AgentConfig(**{k: v for k, v in fields.items() if v is not None})
@@ -148,7 +157,10 @@ def _add_local_components(agent_obj) -> None:  # type: ignore[no-untyped-def]
     from agent.executor import CommandLoop
     from agent.local import LocalServer
 
-    local = LocalServer(agent_obj)
+    try:
+        local = LocalServer(agent_obj)
+    except OSError as exc:  # no well-known place for the SDK socket is usable
+        fail(f"agent: {exc}")
     agent_obj.add_component(local)
     agent_obj.add_component(CommandLoop(agent_obj, local))
     if agent_obj.config.store_port:

@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -36,20 +36,26 @@ def _default_spool_dir(data: dict[str, Any]) -> Path:
     return Path.home() / ".local" / "state" / "trainguard" / "spool" / node.replace("/", "_")
 
 
-def _default_socket_path(data: dict[str, Any]) -> Path:
-    node = str(data.get("node") or _default_node())
-    return Path("/tmp") / f"trainguard-agent-{node.replace('/', '_')}.sock"
-
-
 class AgentConfig(BaseSettings):
     """Everything one node agent needs; each field can come from `TRAINGUARD_AGENT_<NAME>`."""
 
-    model_config = SettingsConfigDict(env_prefix="TRAINGUARD_AGENT_", extra="ignore")
+    # populate_by_name: `socket_path` in arguments and the config file, next to its aliases
+    model_config = SettingsConfigDict(
+        env_prefix="TRAINGUARD_AGENT_", extra="ignore", populate_by_name=True
+    )
 
-    # node first: the two path defaults below are derived from it.
+    # node first: the spool's default folder is derived from it.
     node: str = Field(default_factory=_default_node)
     spool_dir: Path = Field(default_factory=_default_spool_dir)
-    socket_path: Path = Field(default_factory=_default_socket_path)
+    # The SDK socket. None: the well-known one, not named after the node, which the SDK
+    # finds with no setting (agent.sdk.socket_candidates: /run/trainguard/agent.sock as
+    # root, else $XDG_RUNTIME_DIR/trainguard/ or /tmp/trainguard-<uid>/). The variable
+    # TRAINGUARD_AGENT_SOCKET, which the SDK reads too, sets it on both sides;
+    # TRAINGUARD_AGENT_SOCKET_PATH (this agent's alone) wins when both are set.
+    socket_path: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("TRAINGUARD_AGENT_SOCKET_PATH", "TRAINGUARD_AGENT_SOCKET"),
+    )
     server: str = "http://127.0.0.1:8000"
     token: str = Field(default="", repr=False)
     simulate: int | None = None
@@ -126,10 +132,15 @@ class AgentConfig(BaseSettings):
             raise ValueError(f"spool_max_bytes must be at least 1 MiB ({MIB}), got {v}")
         return v
 
+    @field_validator("socket_path", mode="before")
+    @classmethod
+    def _empty_socket_is_default(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and not v.strip() else v
+
     @field_validator("spool_dir", "socket_path")
     @classmethod
-    def _expand(cls, v: Path) -> Path:
-        return v.expanduser()
+    def _expand(cls, v: Path | None) -> Path | None:
+        return v.expanduser() if v is not None else None
 
     @property
     def ingest_url(self) -> str:

@@ -3,7 +3,8 @@
 `build_agent(cfg)` chooses the source (NVML, or simulated GPUs when asked) and fails with
 one line when neither is possible; `Agent.run()` samples every `interval` on a monotonic
 clock until SIGINT/SIGTERM, then stops everything and flushes the outbox once (what
-cannot be sent goes to the spool).
+cannot be sent goes to the spool). It logs one line once everything has started (server,
+node, SDK socket, collectors) and one when a batch first reaches the backend.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class Agent:
         started: list[Component] = []
         code = 0
         try:
-            self.outbox.set_gpus(self.source.inventory())
+            inventory = self.source.inventory()
+            self.outbox.set_gpus(inventory)
             self._emit_start()
             self.uplink.start()
             for c in [*self.watchers, *self.components]:
@@ -120,6 +122,7 @@ class Agent:
                     break
                 started.append(c)
             else:
+                log.info("%s", self.describe(started, len(inventory)))
                 self._sample_loop()
         finally:
             for c in reversed(started):
@@ -136,6 +139,26 @@ class Agent:
             "agent stopped: %d batches sent, %d spooled for later", st.batches_sent, st.backlog
         )
         return code
+
+    def describe(self, components: list[Component], gpus: int) -> str:
+        """The start line: version, node, server, the SDK socket, what it collects."""
+        cfg = self.config
+        parts = [f"trainguard agent {agent_version()} started: node {cfg.node}"]
+        parts.append(f"server {cfg.server}")
+        sockets = [str(c.socket_path) for c in components if hasattr(c, "socket_path")]
+        parts.append(f"socket {', '.join(sockets) or 'none (no SDK server)'}")
+        collectors = [f"{'simulated' if self.source.simulated else 'NVML'} GPUs x{gpus}"]
+        for w in self.watchers:
+            if isinstance(w, XidWatcher):
+                collectors.append("XID events (NVML)")
+            elif isinstance(w, KmsgWatcher):
+                collectors.append(f"XIDs from {cfg.kmsg_path}")
+        parts.append(f"collectors: {', '.join(collectors)}")
+        if cfg.store_port:
+            parts.append(f"store {cfg.store_host}:{cfg.store_port}")
+        if cfg.metrics_port is not None:
+            parts.append(f"metrics {cfg.metrics_host}:{cfg.metrics_port}")
+        return "; ".join(parts)
 
     def _emit_start(self) -> None:
         src = "simulated" if self.source.simulated else "nvml"
@@ -169,8 +192,12 @@ class Agent:
         interval = self.config.interval
         next_t = self.monotonic()
         last_inventory = next_t
+        reached = False
         while not self._stop.is_set():
             self.sample_once()
+            if not reached and self.uplink.stats().batches_sent:
+                reached = True
+                log.info("reached the backend at %s", self.config.server)
             if self.monotonic() - last_inventory >= self.config.inventory_every_s:
                 last_inventory = self.monotonic()
                 self._refresh_inventory()

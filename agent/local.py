@@ -15,18 +15,29 @@ The loop sleeps until something happens: a datagram, a rank's exit (a pidfd per 
 can fire (a hang or heartbeat deadline, computed from the rank table). Where pidfds are
 unavailable (pre-5.3 kernels, seccomp), ranks are polled in /proc every `check_interval`.
 
+The socket: the configured `socket_path` (TRAINGUARD_AGENT_SOCKET), else the first
+well-known place whose folder this agent can create (`agent.sdk.socket_candidates`, the
+list the SDK tries in the same order); a live agent already there is not displaced.
+
+Each rank's identity messages carry what it declared (launcher, in_process, display name);
+they go on every RankStatus. A rank's exit is clean only with exit code 0 (read from the
+zombie, else as the rank said) and no uncaught exception reported.
+
 The executor uses `request_restart` to reach the ranks and `wait_until` to follow them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
 import os
+import re
 import selectors
 import socket
+import stat
 import statistics
 import threading
 import time
@@ -35,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agent.sdk import default_socket_path
+from agent.sdk import LAUNCHERS, SOCKET_DIRS_ENV, probe_socket, socket_candidates, wire_name
 from agent.wire import Event, RankStatus, StepReport
 
 T = TypeVar("T")
@@ -43,6 +54,43 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _SLACK_S = 0.01  # wake this long after a deadline, so the check finds it passed
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")  # the wire's Name
+
+
+def _wire_name(value: Any) -> str | None:
+    return value if isinstance(value, str) and _NAME.match(value) else None
+
+
+def _prepare_folder(folder: str, mode: int, create_parents: bool = False) -> None:
+    """Create the socket's folder (only the last part, unless `create_parents`) and check
+    it is this user's (or root's) folder and writable; OSError saying why not."""
+    if create_parents:
+        os.makedirs(folder, mode=mode, exist_ok=True)
+    elif not os.path.isdir(os.path.dirname(folder)):
+        raise FileNotFoundError(errno.ENOENT, "its parent folder does not exist", folder)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, mode)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+        raise PermissionError(errno.EPERM, "not a folder of this user", folder)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "not writable", folder)
+
+
+def well_known_socket() -> str:
+    """The first well-known socket place whose folder this process can prepare (the
+    first, /run/trainguard, open to every user; the others, the user's own, private).
+    OSError naming every place tried when there is none."""
+    override = bool(os.environ.get(SOCKET_DIRS_ENV, "").strip())
+    tried = []
+    for i, path in enumerate(socket_candidates()):
+        folder = os.path.dirname(path)
+        try:
+            _prepare_folder(folder, 0o755 if i == 0 else 0o700, create_parents=override)
+            return path
+        except OSError as exc:
+            tried.append(f"{folder}: {exc.strerror or exc}")
+    raise OSError(f"no place for the SDK socket ({'; '.join(tried)}); set TRAINGUARD_AGENT_SOCKET")
 
 
 @dataclass
@@ -94,7 +142,13 @@ class RankRecord:
     exited_at: float | None = None
     exit_code: int | None = None
     exit_signal: int | None = None
-    clean_exit: bool = False
+    clean_exit: bool = False  # said so in its bye; at exit: exit code 0, nothing uncaught
+    said_bye: bool = False
+    uncaught: str | None = None  # an exception nothing caught (its type)
+    said_exit_code: int | None = None  # the exit code the SDK knew (sys.exit)
+    launcher: str | None = None
+    in_process: bool | None = None
+    display_name: str | None = None
     hang_reported: bool = False
     in_checkpoint: bool = False
     restarting: bool = False  # an exception was reported; no hang checks until re-entry
@@ -118,9 +172,12 @@ class LocalServer:
     ) -> None:
         self.agent = agent
         cfg = getattr(agent, "config", None)
-        self.socket_path = str(
-            socket_path or getattr(cfg, "socket_path", None) or default_socket_path()
-        )
+        configured = socket_path or getattr(cfg, "socket_path", None)
+        self.socket_path = str(configured) if configured else well_known_socket()
+        # The first well-known place (/run/trainguard/agent.sock, also where the systemd
+        # unit and the DaemonSet put it): ranks of every user send there, so the socket is
+        # writable by all, whatever the agent's umask; its folder decides who reaches it.
+        self.shared_socket = self.socket_path == socket_candidates()[0]
         self.check_interval = check_interval
         self.hang_factor = hang_factor
         self.hang_min_s = hang_min_s
@@ -143,11 +200,19 @@ class LocalServer:
     # --- component life cycle -----------------------------------------------------------
 
     def start(self) -> None:
+        if not probe_socket(self.socket_path):
+            raise OSError(
+                f"another agent listens on {self.socket_path}; give this one a socket of "
+                "its own (TRAINGUARD_AGENT_SOCKET) and its ranks the same path"
+            )
+        os.makedirs(os.path.dirname(self.socket_path) or ".", exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+            os.unlink(self.socket_path)  # a stale socket: nobody listens on it
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         sock.bind(self.socket_path)
+        if self.shared_socket:
+            os.chmod(self.socket_path, 0o666)  # ranks of any user; the agent runs as root
         sock.setblocking(False)
         self._sock = sock
         self._wake_r, self._wake_w = os.pipe()
@@ -350,6 +415,9 @@ class LocalServer:
         elif kind == "exception":
             for other in self.job_ranks(rec.job):
                 other.restarting = True
+            uncaught = msg.get("uncaught") is True
+            if uncaught:
+                rec.uncaught = str(msg.get("type"))[:256]
             self._put_event(
                 "exception",
                 rec,
@@ -359,6 +427,8 @@ class LocalServer:
                 type=str(msg.get("type"))[:256],
                 step=msg.get("step"),
                 pid=rec.pid,
+                uncaught=uncaught or None,
+                thread=str(msg["thread"])[:256] if msg.get("thread") else None,
             )
         elif kind == "checkpoint":
             phase = str(msg.get("phase", ""))
@@ -421,7 +491,7 @@ class LocalServer:
         if rec is None:
             rec = RankRecord(
                 pid=pid,
-                job=str(msg["job"]),
+                job=wire_name(str(msg["job"])),  # an old SDK let "/" through
                 rank=int(msg["rank"]),
                 start_ticks=info.start_ticks if info else 0,
                 registered_at=now,
@@ -434,6 +504,7 @@ class LocalServer:
             rec.world_size = int(msg.get("world_size", 1))
             rec.attempt = int(msg.get("attempt", 0))
             rec.iteration = int(msg.get("iteration", 0))
+            self._declared(rec, msg)
             self._put_event(
                 "rank_start",
                 rec,
@@ -443,6 +514,9 @@ class LocalServer:
                 world_size=rec.world_size,
                 attempt=rec.attempt,
                 iteration=rec.iteration,
+                launcher=rec.launcher,
+                in_process=rec.in_process,
+                display_name=rec.display_name,
             )
             known = self._attempts.get(rec.job)
             if known is not None and rec.attempt > known:
@@ -484,9 +558,28 @@ class LocalServer:
         rec.ppid = int(msg.get("ppid", rec.ppid))
         rec.last_heartbeat = float(msg.get("ts") or now)
         rec.heartbeat_lost_reported = False
+        self._declared(rec, msg)
         if msg.get("t") == "bye":
-            rec.clean_exit = True
+            rec.said_bye = True
+            if msg.get("uncaught"):
+                rec.uncaught = str(msg["uncaught"])[:256]
+            code = msg.get("exit_code")
+            if isinstance(code, int) and not isinstance(code, bool):
+                rec.said_exit_code = code
+            # an SDK before capabilities sends no "clean": its bye meant a clean exit
+            rec.clean_exit = msg.get("clean") is not False and rec.uncaught is None
         return rec
+
+    @staticmethod
+    def _declared(rec: RankRecord, msg: dict[str, Any]) -> None:
+        """What the rank declared (absent from an older SDK: unknown). A value the wire
+        would refuse is dropped here, so one bad rank cannot get a batch refused."""
+        if "launcher" in msg:
+            rec.launcher = msg["launcher"] if msg["launcher"] in LAUNCHERS else None
+        if "in_process" in msg:
+            rec.in_process = msg["in_process"] if isinstance(msg["in_process"], bool) else None
+        if "display_name" in msg:
+            rec.display_name = _wire_name(msg["display_name"])
 
     def _step(
         self, rec: RankRecord, n: int, start: float, end: float, compute: float | None = None
@@ -587,7 +680,7 @@ class LocalServer:
             return next_t
         if rec.last_heartbeat:
             next_t = min(next_t, mono + (self.heartbeat_timeout_s - hb_age) + _SLACK_S)
-        if rec.finished or rec.clean_exit or rec.in_checkpoint or rec.restarting:
+        if rec.finished or rec.said_bye or rec.in_checkpoint or rec.restarting:
             return next_t
         stalled = mono - rec.progress_mono
         threshold = self.hang_threshold(rec)
@@ -611,19 +704,31 @@ class LocalServer:
     def _exited(self, rec: RankRecord, zombie: ProcInfo | None, now: float) -> None:
         rec.alive = False
         rec.exited_at = now
+        told = ""
         if zombie is not None:
             status = zombie.exit_status
             if status & 0x7F:
                 rec.exit_signal = status & 0x7F
             else:
                 rec.exit_code = (status >> 8) & 0xFF
+        elif rec.said_exit_code is not None:  # reaped before /proc was read: as it said
+            rec.exit_code, told = rec.said_exit_code, ", as the rank said"
+        # Clean: exit code 0 and nothing uncaught; with no exit status, the rank's own bye.
+        if rec.exit_signal is not None:
+            rec.clean_exit = False
+        elif rec.exit_code is not None:
+            rec.clean_exit = rec.exit_code == 0 and rec.uncaught is None
+        else:
+            rec.clean_exit = rec.said_bye and rec.clean_exit
         how = (
             f"signal {rec.exit_signal}"
             if rec.exit_signal is not None
-            else f"exit code {rec.exit_code}"
+            else f"exit code {rec.exit_code}{told}"
             if rec.exit_code is not None
             else "exit status unknown"
         )
+        if rec.uncaught is not None:
+            how += f", uncaught {rec.uncaught}"
         self._put_event(
             "rank_exit",
             rec,
@@ -633,6 +738,7 @@ class LocalServer:
             exit_code=rec.exit_code,
             signal=rec.exit_signal,
             clean=rec.clean_exit,
+            uncaught=rec.uncaught,
             last_step=rec.last_step,
         )
 
@@ -656,6 +762,9 @@ class LocalServer:
                     last_heartbeat=r.last_heartbeat,
                     last_step=r.last_step,
                     alive=r.alive,
+                    in_process=r.in_process,
+                    launcher=r.launcher,  # type: ignore[arg-type]
+                    display_name=r.display_name,
                 )
                 for r in recs
             ][:1024]

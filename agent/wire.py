@@ -139,6 +139,10 @@ class RankStatus(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     last_heartbeat: Ts | None = None
     last_step: NonNeg | None = None
     alive: bool = True
+    # Declared by the rank through the SDK (None: unknown, an SDK from before them).
+    in_process: bool | None = None  # True only when NVRx's inprocess.Wrapper runs it
+    launcher: Literal["torchrun", "ft_launcher", "slurm", "none"] | None = None
+    display_name: Name | None = None  # the job's readable name (script + short id)
 
 
 class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

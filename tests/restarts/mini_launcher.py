@@ -37,6 +37,9 @@ def main() -> int:
             LOCAL_RANK=str(local_rank),
             WORLD_SIZE=str(nproc),
             TORCHELASTIC_RESTART_COUNT=str(restarts),
+            # What torchrun gives its workers: the SDK declares launcher "torchrun", so the
+            # engine knows a launcher respawns them.
+            TORCHELASTIC_RUN_ID=os.environ.get("TORCHELASTIC_RUN_ID", "mini"),
         )
         procs[local_rank] = subprocess.Popen(
             [sys.executable, str(HERE / "rank_script.py"), *extra], env=env

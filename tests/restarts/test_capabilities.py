@@ -1,0 +1,151 @@
+"""What each rank declares through the SDK (its launcher, whether NVRx's in-process
+Wrapper runs it, the job's display name) reaches the agent's RankStatus and the wire."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from agent import sdk
+from agent.wire import Batch, decode_batch, encode
+from tests.support import free_port, wait_for
+
+from .conftest import HERE
+
+RANK = str(HERE / "rank_script.py")
+
+# Attached outside the Wrapper, as examples/train_demo.py does: detection must find the
+# Wrapper later, from the heartbeat thread, without any call inside the wrapped function.
+UNDER_WRAPPER = """
+import os, sys, time
+from datetime import timedelta as td
+from nvidia_resiliency_ext import inprocess
+from agent import sdk
+
+tg = sdk.attach(heartbeat_interval=0.1)
+print("attached", tg.in_process, flush=True)
+
+def fn(call_wrapper: inprocess.CallWrapper | None = None):
+    # no exception in here: the Wrapper would restart the function instead of failing
+    deadline, n = time.monotonic() + 30, 0
+    while not tg.in_process and time.monotonic() < deadline:
+        with tg.step(n):  # the heartbeat thread looks for the Wrapper on this stack
+            time.sleep(0.01)
+        n += 1
+    tg.flush()
+    return tg.in_process
+
+s = td(seconds=1)
+wrapper = inprocess.Wrapper(
+    store_kwargs={"port": int(os.environ["STORE_PORT"])},
+    monitor_process_logfile=os.path.join(os.environ["LOGDIR"], "monitor-{rank}.log"),
+    soft_timeout=15 * s, hard_timeout=25 * s, heartbeat_timeout=10 * s,
+    barrier_timeout=60 * s, completion_timeout=60 * s, termination_grace_time=2 * s,
+    monitor_thread_interval=s / 10, monitor_process_interval=s / 10,
+    progress_watchdog_interval=s / 10, heartbeat_interval=s / 2, last_call_wait=s / 10,
+)
+found = wrapper(fn)()
+tg.finished()
+sys.exit(0 if found else 5)
+"""
+
+
+def _status(node, pid):  # type: ignore[no-untyped-def]
+    return next(s for s in node.local.rank_statuses() if s.pid == pid)
+
+
+def test_the_launcher_and_an_explicit_in_process_reach_rank_status(
+    make_node: Any, spawn: Any
+) -> None:
+    node = make_node()
+    env = {"TORCHELASTIC_RUN_ID": "none", "FT_LAUNCHER_IPC_SOCKET": "/tmp/_ft_launcher1.socket"}
+    ft = spawn([RANK], node.local.socket_path, RANK="0", **env)  # declares in_process
+    plain = spawn([RANK, "--detect"], node.local.socket_path, RANK="1", TORCHELASTIC_RUN_ID="r1")
+    wait_for(lambda: {ft.pid, plain.pid} <= set(node.local.ranks), timeout=20)
+    a, b = _status(node, ft.pid), _status(node, plain.pid)
+    assert (a.launcher, a.in_process, a.display_name) == ("ft_launcher", True, "job1")
+    assert (b.launcher, b.in_process) == ("torchrun", False)
+    (start,) = [e for e in node.kinds("rank_start") if e.data["pid"] == ft.pid]
+    assert start.data["launcher"] == "ft_launcher" and start.data["in_process"] is True
+    # the fields survive the wire, as the backend decodes them
+    batch = Batch(node="n1", agent_id="agent-0001", seq=1, sent_at=time.time(), ranks=[a, b])
+    again = decode_batch(encode(batch)).ranks
+    assert again is not None and again[0].in_process is True and again[1].launcher == "torchrun"
+
+
+@pytest.mark.slow
+def test_the_nvrx_wrapper_is_detected_from_outside_the_wrapped_function(
+    make_node: Any, spawn: Any, tmp_path: Any
+) -> None:
+    node = make_node()
+    store_port = free_port()
+    p = spawn(
+        ["-c", UNDER_WRAPPER],
+        node.local.socket_path,
+        RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        STORE_PORT=str(store_port),
+        LOGDIR=str(tmp_path),
+    )
+    assert p.wait(timeout=90) == 0
+    rec = node.local.ranks[p.pid]
+    assert rec.in_process is True and rec.last_step is not None
+    (start,) = [e for e in node.kinds("rank_start") if e.data["pid"] == p.pid]
+    assert start.data["in_process"] is False  # attached before the Wrapper ran
+
+
+def test_an_old_sdk_declares_nothing_and_a_bad_declaration_is_dropped(make_node: Any) -> None:
+    node = make_node()
+    old, bad, slashed = 1, os.getpid(), os.getppid()  # live processes, standing in for ranks
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        base = {"t": "hello", "job": "old", "rank": 0, "ts": time.time()}
+        s.sendto(json.dumps({**base, "pid": old}).encode(), node.local.socket_path)
+        wrong = {"launcher": "mpirun", "in_process": "yes", "display_name": "a/b c"}
+        s.sendto(
+            json.dumps({**base, "rank": 1, "pid": bad, **wrong}).encode(), node.local.socket_path
+        )
+        s.sendto(
+            json.dumps({**base, "job": "a/b", "pid": slashed}).encode(), node.local.socket_path
+        )
+        wait_for(lambda: {old, bad, slashed} <= set(node.local.ranks), 10)
+    finally:
+        s.close()
+    statuses = {st.pid: st for st in node.local.rank_statuses()}
+    assert statuses[slashed].job == "a-b"  # an old SDK let "/" through: made a wire name
+    for pid in (old, bad):
+        st = statuses[pid]
+        assert (st.launcher, st.in_process, st.display_name) == (None, None, None)
+    batch = Batch(
+        node="n1", agent_id="agent-0001", seq=1, sent_at=time.time(), ranks=[*statuses.values()]
+    )
+    assert len(decode_batch(encode(batch)).ranks or []) == 3
+
+
+def test_a_session_declares_what_attach_was_told(tmp_path: Any) -> None:
+    tg = sdk.attach(
+        job="j1",
+        socket_path=str(tmp_path / "absent.sock"),
+        install_signal_handler=False,
+        in_process=True,
+        launcher="slurm",
+        display_name="nightly run",
+    )
+    try:
+        ident = tg._identity("heartbeat")
+        assert (ident["launcher"], ident["in_process"], ident["display_name"]) == (
+            "slurm",
+            True,
+            "nightly-run",
+        )
+    finally:
+        tg.close()
+    with pytest.raises(ValueError, match="launcher must be one of"):
+        sdk.attach(job="j1", socket_path=str(tmp_path / "a.sock"), launcher="mpirun")
