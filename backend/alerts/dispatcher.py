@@ -68,14 +68,14 @@ def kinds_for_change(
     its job just went `waiting` (no schedulable node left)."""
     after = inc.get("status")
     kinds: list[str] = []
-    if waiting:
-        kinds.append("job_waiting")
-    if after == "pending" and before != "pending":
-        kinds.append("needs_approval")
     if before is None:
         kinds.append("incident_opened")
     elif escalated:
         kinds.append("escalation")
+    if waiting:
+        kinds.append("job_waiting")
+    if after == "pending" and before != "pending":
+        kinds.append("needs_approval")
     if after == "stopped" and before != "stopped":
         kinds.append("stop_job")
     elif after == "resolved" and before != "resolved":

@@ -114,10 +114,11 @@ def classify(ev: Evidence, policy: Policy) -> Verdict | None:
 
 def clean_exit(data: dict[str, Any]) -> bool:
     """A rank that ended its work: exit code 0 (or none known) and not said unclean. An
-    exit code other than 0 or a signal is never clean, whatever else the report says."""
+    exit code other than 0, a signal or an uncaught exception is never clean, whatever
+    else the report says."""
     code = data.get("exit_code")
-    if data.get("signal") not in (None, 0, ""):
-        return False
+    if data.get("signal") not in (None, 0, "") or data.get("clean") is False:
+        return False  # killed, or the agent saw it die unclean (an uncaught exception)
     if code not in (None, 0):
         return False
     return data.get("clean") is True or code == 0

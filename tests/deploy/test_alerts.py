@@ -171,7 +171,11 @@ def test_unreachable_receiver_fails_after_the_retries() -> None:
 
 def test_status_changes_map_to_alert_kinds() -> None:
     assert kinds_for_change(None, {"status": "open"}) == ["incident_opened"]
-    assert kinds_for_change(None, {"status": "pending"}) == ["incident_opened"]
+    assert kinds_for_change(None, {"status": "pending"}) == ["incident_opened", "needs_approval"]
+    # The breaker held an exclusion: an operator must approve it.
+    assert kinds_for_change("open", {"status": "pending"}) == ["needs_approval"]
+    assert kinds_for_change("pending", {"status": "pending"}) == []
+    assert kinds_for_change("open", {"status": "open"}, waiting=True) == ["job_waiting"]
     assert kinds_for_change("open", {"status": "open"}, escalated=True) == ["escalation"]
     assert kinds_for_change("open", {"status": "stopped"}, escalated=True) == [
         "escalation",
