@@ -172,36 +172,105 @@ def launch(
     return procs
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
+def _stat(pid: int | str) -> tuple[int, str, int] | None:
+    """(parent pid, state, start time in clock ticks) from /proc/<pid>/stat; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()  # the command name may hold spaces and ")"
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def _table() -> dict[int, tuple[int, str, int]]:
+    table = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                raw = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        ppid = int(raw[raw.rfind(")") + 2 :].split()[1])
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
+        if entry.isdigit() and (st := _stat(entry)) is not None:
+            table[int(entry)] = st
+    return table
+
+
+def process_tree(pid: int) -> dict[int, int]:
+    """Every process below pid, as {pid: start ticks} (the start time tells a process from a
+    later one that reuses its pid). ft_launcher starts its workers in sessions of their own,
+    so signalling the launcher's process group does not reach them; NVRx's Wrapper
+    daemonizes a monitor process per rank, which leaves the tree unless an ancestor is a
+    subreaper (`become_subreaper`)."""
+    table = _table()
+    kids: dict[int, list[int]] = {}
+    for child, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(child)
+    out, todo = {}, [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            out[child] = table[child][2]
+            todo.append(child)
+    return out
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below pid (ft_launcher starts its workers in sessions of their own,
-    so signalling the launcher's process group does not reach them)."""
-    kids, out, todo = _children(), [], [pid]
-    while todo:
-        for child in kids.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    """Every process below pid (see `process_tree`)."""
+    return list(process_tree(pid))
+
+
+def alive(pid: int, start: int) -> bool:
+    """The process recorded as (pid, start ticks) still runs (a zombie has ended)."""
+    st = _stat(pid)
+    return st is not None and st[2] == start and st[1] not in ("Z", "X")
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (Linux PR_SET_CHILD_SUBREAPER), so
+    that daemonized ones stay in its `process_tree`. False where the OS does not allow it."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # 36: PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_adopted(keep: set[int]) -> None:
+    """Collect the exit status of this process's ended children other than `keep` (the
+    Popen objects' own, which they collect themselves): orphans adopted as a subreaper."""
+    me = os.getpid()
+    for pid, (ppid, state, _) in _table().items():
+        if ppid == me and state == "Z" and pid not in keep:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def end_processes(procs: dict[int, int], grace: float) -> dict[int, int]:
+    """SIGTERM to every process of {pid: start ticks}, SIGKILL to those still running after
+    `grace` seconds; returns once all have ended (or 2 s after the SIGKILL) with those that
+    have not."""
+
+    def send(sig: signal.Signals, pids: dict[int, int]) -> None:
+        for pid, start in pids.items():
+            if alive(pid, start):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+
+    def wait(timeout: float) -> dict[int, int]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {pid: start for pid, start in procs.items() if alive(pid, start)}
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.05)
+
+    send(signal.SIGTERM, procs)
+    left = wait(grace)
+    send(signal.SIGKILL, left)
+    return wait(2.0) if left else left
 
 
 def stop(procs: list[subprocess.Popen[bytes]], grace: float = 15.0) -> None:
     """Stop the demo job: SIGTERM to the launchers (they stop their workers), then SIGKILL
     to whatever is left of them and of their workers after `grace` seconds."""
-    workers = [d for p in procs if p.poll() is None for d in descendants(p.pid)]
+    workers = {pid: t for p in procs if p.poll() is None for pid, t in process_tree(p.pid).items()}
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -213,6 +282,7 @@ def stop(procs: list[subprocess.Popen[bytes]], grace: float = 15.0) -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
-    for pid in workers:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    for pid, start in workers.items():
+        if alive(pid, start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)

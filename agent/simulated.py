@@ -2,6 +2,12 @@
 interface as `NvmlCollector`, readings that move like a data-parallel training job, and
 XID injection that changes the GPU's state the way the real fault would.
 
+A GPU that fell off the bus (XID 79) stays lost until the node is power-cycled: here a
+simulated reboot brings it back `reboot_after_s` after the XID (None: only `reset()` does),
+at the first sample taken from then on, with a `log` event labelled
+`data = {"simulated": True, "reboot": True, ...}`. Only the GPU comes back; the node's
+processes (a real training job in the demo) are not touched.
+
 Everything is labelled: uuids are `GPU-sim-<node>-<i>`, the driver is "simulated", batches
 carry `simulated=True`, injected XIDs carry `data.source = "injected"`. Readings are
 repeatable from (seed, node) and the sequence of `now` values.
@@ -28,6 +34,7 @@ IDLE_W = 72.0
 WARMUP_S = 20.0
 CKPT_EVERY_S, CKPT_LEN_S = 300.0, 8.0
 APP_RESTART_S = 15.0  # util stays at 0 after an application-level XID
+REBOOT_AFTER_S = 40.0  # a lost GPU comes back after a simulated power cycle of this long
 # NVML clocks-event-reason bits
 GPU_IDLE, HW_SLOWDOWN, SW_THERMAL = 0x1, 0x8, 0x20
 _BUSES = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]
@@ -43,6 +50,7 @@ class _Gpu:
     energy_mj: float
     last_ts: float | None = None
     lost: bool = False
+    lost_at: float = 0.0  # when the XID 79 came (the simulated reboot counts from it)
     hung: bool = False
     idle_until: float = 0.0
     slow: float = 1.0
@@ -73,10 +81,14 @@ class SimulatedGpus:
         seed: int = 0,
         outbox: Outbox | None = None,
         clock: Callable[[], float] = time.time,
+        reboot_after_s: float | None = REBOOT_AFTER_S,
     ) -> None:
         if n < 1:
             raise ValueError(f"need at least one simulated GPU, got {n}")
+        if reboot_after_s is not None and not 0 < reboot_after_s <= 86400:
+            raise ValueError(f"reboot_after_s must be between 0 and 86400 s, got {reboot_after_s}")
         self.node, self.outbox, self.clock = node, outbox, clock
+        self.reboot_after_s = reboot_after_s
         self._rng = random.Random(f"{seed}:{node}")
         self._lock = threading.Lock()
         self._t0: float | None = None
@@ -110,8 +122,31 @@ class SimulatedGpus:
         with self._lock:
             if self._t0 is None:
                 self._t0 = now
+            rebooted = [self._reboot(g, now) for g in self.gpus if self._reboot_due(g, now)]
             base = self._job_util(now - self._t0)
-            return [self._step(g, now, base) for g in self.gpus]
+            samples = [self._step(g, now, base) for g in self.gpus]
+        if self.outbox is not None:
+            for event in rebooted:
+                self.outbox.put_event(event, urgent=True)
+        return samples
+
+    def _reboot_due(self, g: _Gpu, now: float) -> bool:
+        return g.lost and self.reboot_after_s is not None and now >= g.lost_at + self.reboot_after_s
+
+    def _reboot(self, g: _Gpu, now: float) -> Event:
+        """The simulated power cycle of a lost GPU: it is back, as after reset()."""
+        down_s = now - g.lost_at
+        self._reset(g)
+        return Event(
+            kind="log",
+            ts=now,
+            gpu_uuid=g.uuid,
+            message=(
+                f"simulated reboot: GPU {g.index} ({g.uuid}) is back on the bus "
+                f"{down_s:.0f} s after it fell off (XID 79)"
+            ),
+            data={"simulated": True, "reboot": True, "index": g.index, "down_s": round(down_s, 1)},
+        )
 
     def _job_util(self, t: float) -> float:
         """The job's utilisation at t seconds: warm-up, steady training, checkpoint dips."""
@@ -182,8 +217,9 @@ class SimulatedGpus:
         now = self.clock()
         with self._lock:
             g = self._gpu(index)
-            if code == 79:
-                g.lost = True  # stays lost until reset(): the node needs a power cycle
+            if code == 79 and not g.lost:
+                # stays lost until a power cycle: the simulated reboot, or reset()
+                g.lost, g.lost_at = True, now
             elif code == 48:
                 g.ecc_dbe += 1
                 g.remap_unc += 1
@@ -213,12 +249,14 @@ class SimulatedGpus:
     def reset(self, index: int) -> None:
         """A GPU reset: clears lost/hung, volatile ECC counts and pending remaps."""
         with self._lock:
-            g = self._gpu(index)
-            g.lost = g.hung = False
-            g.idle_until = 0.0
-            g.ecc_sbe = g.ecc_dbe = 0
-            if g.remap_pending:
-                g.remap_pending = False
+            self._reset(self._gpu(index))
+
+    @staticmethod
+    def _reset(g: _Gpu) -> None:
+        g.lost = g.hung = False
+        g.idle_until = 0.0
+        g.ecc_sbe = g.ecc_dbe = 0
+        g.remap_pending = False
 
     def set_slow(self, index: int, factor: float) -> None:
         """Make a GPU a straggler: clocks and utilisation scaled down by `factor` (>= 1)."""

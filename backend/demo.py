@@ -2,11 +2,19 @@
 
 Backend on SQLite, simulated agents (one per simulated node) and, when the `train` extra is
 installed, the demo training job with seeded faults. Every part is a real process talking
-real HTTP; only the GPUs are simulated. Ctrl-C stops everything.
+real HTTP; only the GPUs are simulated (a GPU that falls off the bus comes back after a
+simulated reboot, agent/simulated.py).
+
+Ctrl-C, SIGTERM or SIGHUP stops everything within 10 s: the demo starts each child in a
+session of its own and stops them in order (the job and the agents, then the server), and
+as a subreaper it adopts what its descendants daemonize (NVRx's per-rank monitor
+processes), so the job's whole process tree is found and ended, SIGKILL after a grace
+period.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -18,6 +26,23 @@ from pathlib import Path
 from typing import Any
 from urllib.error import URLError
 from urllib.request import urlopen
+
+from agent import demojob
+
+# The demo job: steps of about 0.2 s (the sleep stands for model work on top of the tiny
+# MLP's few milliseconds), so a run of 1,500 steps trains for about 5 minutes, and its 5
+# seeded faults fall at least 100 steps (20 s of training) apart from step 50 on.
+STEPS = 1500
+STEP_SLEEP_S = 0.2
+FAULTS = 5
+FAULT_AFTER_STEP = 50
+FAULT_MIN_GAP = 100
+# ft_launcher's restart budget per run: room for every fault to cost a launcher restart,
+# twice (an escalation), so a run ends by finishing, not by running out of restarts.
+MAX_RESTARTS = 2 * FAULTS
+# Seconds each stage of a shutdown may take before SIGKILL: the job and the agents (an
+# agent takes about 2 s to stop), then the server; 6 s in all, inside the 10 s promised.
+STOP_GRACE_S = {"job and agents": 4.0, "server": 2.0}
 
 
 def _cli(*args: str) -> list[str]:
@@ -57,6 +82,17 @@ def start_server(
     return proc
 
 
+class _Stopped(Exception):
+    """SIGINT, SIGTERM or SIGHUP arrived: stop everything."""
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_job: bool) -> int:
     data_dir = data_dir.resolve()
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -71,16 +107,20 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
         "TRAINGUARD_DATA_DIR": str(data_dir),
     }
     env.pop("TRAINGUARD_DATABASE_URL", None)
-    procs: list[subprocess.Popen[bytes]] = []
+    core: list[subprocess.Popen[bytes]] = []  # the server, then the agents
+    job: list[subprocess.Popen[bytes]] = []  # the launchers of every run so far
     log = (data_dir / "server.log").open("wb")
+    demojob.become_subreaper()
+    previous = {s: signal.signal(s, _on_signal) for s in _STOP_SIGNALS}
     try:
         server = subprocess.Popen(
             _cli("server", "--host", host, "--port", str(port), "--log-level", "warning"),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # the demo stops it, after the job and the agents
         )
-        procs.append(server)
+        core.append(server)
         try:
             wait_ready(url, proc=server)
         except RuntimeError as exc:
@@ -99,25 +139,27 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
             }
             if i == 0 and store_port:
                 agent_env["TRAINGUARD_AGENT_STORE_PORT"] = str(store_port)
-            procs.append(
-                subprocess.Popen(
-                    _cli(
-                        "agent",
-                        "--server",
-                        url,
-                        "--token",
-                        token,
-                        "--node",
-                        name,
-                        "--simulate",
-                        str(gpus),
-                    ),
-                    env=agent_env,
-                    stdout=(data_dir / f"{name}.log").open("wb"),
-                    stderr=subprocess.STDOUT,
+            with (data_dir / f"{name}.log").open("wb") as agent_log:
+                core.append(
+                    subprocess.Popen(
+                        _cli(
+                            "agent",
+                            "--server",
+                            url,
+                            "--token",
+                            token,
+                            "--node",
+                            name,
+                            "--simulate",
+                            str(gpus),
+                        ),
+                        env=agent_env,
+                        stdout=agent_log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 )
-            )
-        job_note = _start_job(with_job, data_dir, store_port, sockets, env, procs)
+        job_note = _start_job(with_job, data_dir, store_port, sockets, env, job)
         print(
             f"\ntrainguard demo running\n"
             f"  dashboard: {url}/   (token: {token})\n"
@@ -128,32 +170,36 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
             f"Ctrl-C to stop.",
             flush=True,
         )
-        core = procs[: nodes + 1]  # the server and the agents
-        job_procs = procs[nodes + 1 :]
-        run = 1
+        run, current = 1, list(job)
+        next_reap = time.monotonic()
         while all(p.poll() is None for p in core):
-            if job_procs and all(p.poll() is not None for p in job_procs):
+            if current and all(p.poll() is not None for p in current):
                 # The job finished (or gave up): start the next run, new seed, so the
                 # dashboard keeps showing a live job until Ctrl-C.
                 run += 1
-                job_procs = _launch_job(data_dir, store_port, sockets, env, run)
-                procs.extend(job_procs)
+                current = _launch_job(data_dir, store_port, sockets, env, run)
+                job.extend(current)
                 print(f"trainguard demo: training run {run} started", flush=True)
+            if time.monotonic() >= next_reap:  # the monitors of ended ranks, adopted
+                demojob.reap_adopted({p.pid for p in [*core, *job]})
+                next_reap += 5.0
             time.sleep(0.5)
         print("trainguard demo: a process exited; stopping", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except _Stopped:
         return 0
     finally:
-        _stop(procs[: nodes + 1], procs[nodes + 1 :])
-        log.close()
+        for s in _STOP_SIGNALS:  # a second Ctrl-C does not cut the shutdown short
+            signal.signal(s, signal.SIG_IGN)
+        try:
+            _stop(core, job)
+        finally:
+            log.close()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 def _store_port() -> int | None:
-    try:
-        from agent import demojob
-    except ImportError:
-        return None
     return demojob.free_port()
 
 
@@ -170,49 +216,58 @@ def _start_job(
     try:
         import nvidia_resiliency_ext  # noqa: F401
         import torch  # noqa: F401
-
-        from agent import demojob  # noqa: F401
     except ImportError as exc:
         return f"not started ({exc}); install the train extra: pip install 'trainguard[train]'"
     started = _launch_job(data_dir, store_port, sockets, env, 1)
     procs.extend(started)
     return (
-        f"'demo-1', {len(started)} ft_launchers x 2 ranks, 5 seeded faults (seed 42) after "
-        f"step 10, a new run when one ends (logs in {data_dir / 'job-1'})"
+        f"'demo-1', {len(started)} ft_launchers x 2 ranks, steps of {STEP_SLEEP_S:g} s, "
+        f"{FAULTS} seeded faults (seed 42) from step {FAULT_AFTER_STEP} on, a new run when "
+        f"one ends (logs in {data_dir / 'job-1'})"
     )
 
 
 def _launch_job(
     data_dir: Path, store_port: int | None, sockets: list[str], env: dict[str, str], run: int
 ) -> list[subprocess.Popen[bytes]]:
-    from agent import demojob
-
     assert store_port is not None
     return demojob.launch(
         data_dir / f"job-{run}",
         sockets,
         store_port,
         job=f"demo-{run}",
-        faults=5,
+        steps=STEPS,
+        step_sleep=STEP_SLEEP_S,
+        max_restarts=MAX_RESTARTS,
+        faults=FAULTS,
         fault_seed=41 + run,
-        fault_after_step=10,
+        fault_after_step=FAULT_AFTER_STEP,
+        fault_min_gap=FAULT_MIN_GAP,
         env=env,
     )
 
 
-def _stop(procs: list[subprocess.Popen[bytes]], job: list[subprocess.Popen[bytes]]) -> None:
-    """The job first (ft_launcher starts its workers in their own sessions: stopping a
-    launcher alone would leave them running), then the agents, then the server."""
-    if job:
-        from agent import demojob
+def _stop(core: list[subprocess.Popen[bytes]], job: list[subprocess.Popen[bytes]]) -> None:
+    """End every process the demo started and every process below them, within about 6 s.
 
-        demojob.stop(job)
-    for p in reversed(procs):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
+    First the job and the agents together: the launchers, their workers (ft_launcher
+    starts them in sessions of their own, so stopping a launcher or its process group alone
+    would leave them running), what those daemonized (NVRx's monitor processes, adopted by
+    this process, a subreaper) and the agents. Then the server, then whatever is still
+    below this process (started while it stopped)."""
+    me = os.getpid()
+    tree = demojob.process_tree(me)
+    server: dict[int, int] = {}
+    if core and core[0].pid in tree:
+        server = {core[0].pid: tree[core[0].pid], **demojob.process_tree(core[0].pid)}
+    stages = {
+        "job and agents": {pid: t for pid, t in tree.items() if pid not in server},
+        "server": server,
+    }
+    for stage, procs in stages.items():
+        demojob.end_processes(procs, STOP_GRACE_S[stage])
+    demojob.end_processes(demojob.process_tree(me), 0.5)  # started during the shutdown
+    for p in [*core, *job]:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # ended above; collect its status
+            p.wait(1.0)
+    demojob.reap_adopted(set())

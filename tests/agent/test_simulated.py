@@ -5,7 +5,7 @@ import pytest
 
 from agent.outbox import Outbox
 from agent.simulated import SimulatedGpus
-from agent.wire import GpuInfo, GpuSample, encode
+from agent.wire import Event, GpuInfo, GpuSample, encode
 
 T0 = 1_700_000_000.0
 
@@ -58,17 +58,77 @@ def test_inject_xid_puts_an_urgent_labelled_event():
     assert e.data == {"source": "injected", "action": "RESTART_APP", "pci": "0000:2a:00"}
 
 
-def test_xid_79_makes_every_reading_missing_and_the_gpu_stays_lost():
-    sim = SimulatedGpus(2, "n")
+class Clock:
+    """The simulated node's wall clock, moved by the test."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_xid_79_makes_every_reading_missing_and_without_reboot_the_gpu_stays_lost():
+    clock = Clock(T0 + 5)
+    sim = SimulatedGpus(2, "n", clock=clock, reboot_after_s=None)
     run(sim, 5)
     event = sim.inject_xid(0, 79)
     assert "fallen off the bus" in event.message
-    for s0, s1 in run(sim, 5, T0 + 5):
+    for s0, s1 in run(sim, 3600, T0 + 5):
         assert s0 == GpuSample(uuid=s0.uuid, ts=s0.ts)  # nothing but uuid and time
         assert s1.util is not None
     assert sim.is_lost(0)
     sim.reset(0)
-    assert sim.sample(T0 + 20)[0].util is not None
+    assert sim.sample(T0 + 3606)[0].util is not None
+
+
+def test_a_gpu_off_the_bus_comes_back_after_a_simulated_reboot():
+    clock = Clock(T0 + 60)
+    outbox = Outbox()
+    sim = SimulatedGpus(2, "n", outbox=outbox, clock=clock, reboot_after_s=40)
+    run(sim, 60)
+    sim.inject_xid(1, 79)
+    outbox.drain(10, 10, 10)  # the xid event
+    outbox.urgent.clear()
+    # Lost for the whole reboot: every reading missing, and nothing reported.
+    for _, s1 in run(sim, 40, T0 + 60):
+        assert s1 == GpuSample(uuid=s1.uuid, ts=s1.ts)
+    assert sim.is_lost(1) and not outbox.drain(10, 10, 10).events
+    # The first sample after the power cycle reads the GPU again and says why.
+    _, s1 = sim.sample(T0 + 100)
+    assert not sim.is_lost(1)
+    assert s1.util is not None and s1.util > 50 and s1.temp_c is not None
+    assert outbox.urgent.is_set()
+    (e,) = outbox.drain(10, 10, 10).events
+    assert (e.kind, e.ts, e.gpu_uuid) == ("log", T0 + 100, "GPU-sim-n-1")
+    assert e.data == {"simulated": True, "reboot": True, "index": 1, "down_s": 40.0}
+    assert "simulated reboot" in e.message
+    msgspec.json.decode(encode(e), type=Event)  # fits the wire
+    # Once: the next samples are ordinary ones.
+    run(sim, 10, T0 + 101)
+    assert not outbox.drain(10, 10, 10).events
+
+
+def test_the_reboot_counts_from_the_first_xid_79_and_reset_cancels_it():
+    clock = Clock(T0)
+    outbox = Outbox()
+    sim = SimulatedGpus(1, "n", outbox=outbox, clock=clock, reboot_after_s=40)
+    sim.inject_xid(0, 79)
+    clock.now = T0 + 30
+    sim.inject_xid(0, 79)  # a second report of the lost GPU does not postpone the reboot
+    assert sim.sample(T0 + 39)[0].util is None
+    assert sim.sample(T0 + 40)[0].util is not None
+    assert [e.data.get("reboot") for e in outbox.drain(10, 10, 10).events] == [None, None, True]
+    clock.now = T0 + 50
+    sim.inject_xid(0, 79)
+    sim.reset(0)  # an operator's reset: back now, and no reboot later
+    run(sim, 100, T0 + 50)
+    assert [e.kind for e in outbox.drain(10, 10, 10).events] == ["xid"]
+
+
+def test_reboot_delay_must_be_positive():
+    with pytest.raises(ValueError, match="reboot_after_s"):
+        SimulatedGpus(1, "n", reboot_after_s=0)
 
 
 @pytest.mark.parametrize(
