@@ -93,18 +93,30 @@ def _on_signal(signum: int, frame: object) -> None:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+# The demo's policy over the defaults: a node whose simulated GPU came back from its
+# simulated reboot (40 s) is readmitted after a minute of health, so the whole cordon ->
+# readmission cycle shows within a few minutes.
+DEMO_POLICY = """\
+[readmission]
+readmit_after_s = 60
+"""
+
+
 def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_job: bool) -> int:
     data_dir = data_dir.resolve()
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     token = secrets.token_urlsafe(24)
     url = f"http://{host}:{port}"
+    policy = data_dir / "policy.toml"
+    policy.write_text(DEMO_POLICY)
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "TRAINGUARD_DEMO": "1",
         "TRAINGUARD_ADMIN_TOKEN": token,
         "TRAINGUARD_DATA_DIR": str(data_dir),
+        "TRAINGUARD_POLICY_FILE": str(policy),
     }
     env.pop("TRAINGUARD_DATABASE_URL", None)
     core: list[subprocess.Popen[bytes]] = []  # the server, then the agents

@@ -373,7 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     _gather_objects_without_numpy()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    tg = sdk.attach(job=args.job)
+    # Declared, not only detected (the SDK finds the Wrapper on the stack once the wrapped
+    # function runs): the engine chooses in_process only for ranks that declare it.
+    tg = sdk.attach(job=args.job, in_process=not args.no_wrapper)
     plan = faults.plan_from_args(args, args.steps, world) if args.faults else []
     injector = faults.Injector(
         plan,
