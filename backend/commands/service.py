@@ -10,11 +10,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agent import wire
-from backend.errors import Conflict, NotFound
 from backend.engine.queries import capabilities
+from backend.errors import Conflict, NotFound
 from backend.jobs.service import live_ranks
 from backend.models import TIMELINE, AuditLog, Command, CommandAck, Incident, Job, Node
 from backend.models.control import IncidentEvidence
+
+# A failed ack that says the command found none of the job's workers on its node (the
+# executor's words): they were gone, most likely because the launcher is restarting them.
+NOTHING_HERE = "no live rank"
 
 # Which incident field each ack phase fills: the first delivery, the last of the others
 # (a phase is complete when every node has done it).
@@ -35,7 +39,9 @@ def manual_restart(
     now = time.time()
     caps = capabilities(session, job.id, now - fresh_within_s)
     if level not in caps["levels"]:
-        raise Conflict(f"job {job.name!r} cannot carry out a {level} restart: {why_not(level, caps)}")
+        raise Conflict(
+            f"job {job.name!r} cannot carry out a {level} restart: {why_not(level, caps)}"
+        )
     incident = Incident(
         job_id=job.id,
         created_at=now,
@@ -159,6 +165,8 @@ def _advance_incident(session: Session, incident_id: int, cmd: Command, ack: wir
     if inc.status != "open":
         return  # resolved, given up, rejected or already failed: the timeline is closed
     if ack.phase == "failed":
+        if NOTHING_HERE in ack.detail and _others_carry_on(session, inc, cmd):
+            return  # its workers there were gone; the action goes on on the other nodes
         inc.status = "failed"
         inc.closed_at = time.time()
         inc.outcome = f"failed on {ack.node}: {ack.detail}"
@@ -180,21 +188,48 @@ def _advance_incident(session: Session, incident_id: int, cmd: Command, ack: wir
     ) and _fits(inc, field, ack.ts):
         setattr(inc, field, ack.ts)
     if ack.phase == "resumed":
-        # Resolved once every node addressed by the current action has resumed.
+        # Resolved once every node addressed by the current action has resumed (a node
+        # whose workers were already gone, acked "no live rank", does not hold it up).
         session.flush()
-        stmt = select(Command.id).where(Command.incident_id == incident_id)
-        if inc.acted_at is not None:
-            stmt = stmt.where(Command.issued_at >= inc.acted_at)
-        ids = session.scalars(stmt).all()
-        resumed = session.scalars(
-            select(CommandAck.command_id).where(
-                CommandAck.command_id.in_(ids), CommandAck.phase == "resumed"
-            )
-        ).all()
-        if len(set(resumed)) == len(ids):
+        done = _terminal_acks(session, inc)
+        if all(done.values()) and "resumed" in done.values():
             inc.status = "resolved"
             inc.outcome = "resumed"
             inc.closed_at = time.time()
+
+
+def _terminal_acks(session: Session, inc: Incident) -> dict[str, str | None]:
+    """{command id: "resumed" | "gone" (failed: no live rank there) | "failed" | None (still
+    under way)} for the commands of the incident's current action."""
+    stmt = select(Command.id).where(Command.incident_id == inc.id)
+    if inc.acted_at is not None:
+        stmt = stmt.where(Command.issued_at >= inc.acted_at)
+    out: dict[str, str | None] = dict.fromkeys(session.scalars(stmt).all())
+    for cid, phase, detail in session.execute(
+        select(CommandAck.command_id, CommandAck.phase, CommandAck.detail).where(
+            CommandAck.command_id.in_(list(out)), CommandAck.phase.in_(("resumed", "failed"))
+        )
+    ):
+        if phase == "resumed":
+            out[cid] = "resumed"
+        elif out[cid] is None:
+            out[cid] = "gone" if NOTHING_HERE in detail else "failed"
+    return out
+
+
+def _others_carry_on(session: Session, inc: Incident, cmd: Command) -> bool:
+    """Whether the current action's other commands are still under way or resumed (then
+    a node whose workers were gone does not fail the incident)."""
+    session.flush()
+    done = _terminal_acks(session, inc)
+    done.pop(cmd.id, None)
+    if not done or "failed" in done.values():
+        return False
+    if "resumed" in done.values() and all(done.values()):
+        inc.status = "resolved"
+        inc.outcome = "resumed"
+        inc.closed_at = time.time()
+    return any(v in (None, "resumed") for v in done.values())
 
 
 def _fits(inc: Incident, field: str, ts: float) -> bool:

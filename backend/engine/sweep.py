@@ -17,6 +17,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from backend.commands.service import NOTHING_HERE
 from backend.engine import queries as q
 from backend.engine.actions import ENGINE_ACTOR, HookJob
 from backend.engine.decide import Decider
@@ -27,8 +28,6 @@ from backend.models import Incident, Job, Node, Rank
 
 # A step-derived resumption waits this long for the agents' own `resumed` ack.
 RESUME_GRACE_S = 2.0
-# A failed ack saying this found nothing to restart on its node (the executor's words).
-NOTHING_HERE = "no live rank"
 # The outcome of an action that found no live rank anywhere (actions.issue).
 NO_RANK = "no live rank of the job to restart"
 # The sweep looks at incidents acted on (or failed) this recently; older ones are left as

@@ -176,3 +176,27 @@ def test_a_job_with_ranks_on_a_cordoned_node_is_still_restarted_there(make_clust
         ("n2", "launcher"),
     ]
     assert inc["status"] == "open"
+
+
+def test_a_node_without_the_workers_does_not_fail_an_action_the_others_carry_out(
+    make_cluster: Any,
+) -> None:
+    # bench chaos: n2's agent had just restarted and did not know its ranks yet; its
+    # "no live rank" failed the incident, which climbed to stop_job in 0.4 s while the
+    # job resumed on n1's restart 12 s later.
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1), "n2": (2, 3)})
+    c.event("n1", "rank_exit", job="job", rank=0, data={"signal": 9})
+    c.decide()
+    (inc,) = c.incidents("job")
+    cmds = {x["node"]: x["id"] for x in inc["commands"]}
+    c.ack(cmds["n2"], "n2", "delivered", "failed", detail="no live rank of job job on this node")
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "open" and inc["level"] == "launcher"
+    c.clock.advance(5)
+    c.ack(cmds["n1"], "n1", "delivered", "torn_down", "restarted", "resumed")
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "resolved" and inc["outcome"] == "resumed"
+    assert c.client.get("/api/v1/jobs/job").json()["state"] != "stopped"

@@ -214,8 +214,9 @@ def test_no_live_rank_while_the_launcher_restarts_waits_for_it_and_cordons_nothi
     c.ack(first["n1"], "n1", "delivered", "failed", detail=NO_LIVE_RANK)
     c.decide()
     (inc,) = c.incidents("job")
+    # n1's workers were gone; n2's command is still under way: the incident goes on.
     assert inc["status"] == "open" and inc["level"] == "in_process", inc
-    assert "waiting up to 30 s" in inc["outcome"] and len(inc["commands"]) == 2
+    assert len(inc["commands"]) == 2
     # The rank's death: stronger evidence of the same episode -> launcher, at once.
     c.event(
         "n1", "rank_exit", job="job", rank=1, message="rank 1 exited (signal 9)", data={"signal": 9}
@@ -230,7 +231,9 @@ def test_no_live_rank_while_the_launcher_restarts_waits_for_it_and_cordons_nothi
     c.clock.advance(1)
     c.decide()
     (inc,) = c.incidents("job")
+    # Every node's workers were gone: the launcher is restarting them; wait for it.
     assert inc["status"] == "open" and inc["level"] == "launcher", inc
+    assert "waiting up to 30 s" in inc["outcome"]
     # ft_launcher's new generation steps: the incident is resolved, nothing was cordoned.
     c.clock.advance(5)
     steps_of_attempt(c, 1, layout, step=11)
@@ -251,8 +254,8 @@ def test_no_live_rank_climbs_when_no_new_generation_comes(make_cluster: Any) -> 
     c.job("job", {"n1": (0,), "n2": (1,)})
     fault(c)
     (inc,) = c.incidents("job")
-    cid = next(x["id"] for x in inc["commands"] if x["node"] == "n1")
-    c.ack(cid, "n1", "delivered", "failed", detail=NO_LIVE_RANK)
+    for x in inc["commands"]:
+        c.ack(x["id"], x["node"], "delivered", "failed", detail=NO_LIVE_RANK)
     c.decide()
     assert c.incidents("job")[0]["status"] == "open"
     c.clock.advance(29)
@@ -270,8 +273,8 @@ def test_no_live_rank_from_a_silent_node_climbs_at_once(make_cluster: Any) -> No
     c.job("job", {"n1": (0,), "n2": (1,)})
     fault(c)
     (inc,) = c.incidents("job")
-    cid = next(x["id"] for x in inc["commands"] if x["node"] == "n1")
-    c.ack(cid, "n1", "delivered", "failed", detail=NO_LIVE_RANK)
+    for x in sorted(inc["commands"], key=lambda x: x["node"] != "n1"):
+        c.ack(x["id"], x["node"], "delivered", "failed", detail=NO_LIVE_RANK)
     c.heard("n1", c.clock.t - 120)  # n1's agent went silent since
     c.decide()
     (inc,) = c.incidents("job")
