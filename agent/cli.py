@@ -336,6 +336,44 @@ def bench_recovery(
     )
 
 
+@bench_app.command("chaos")
+def bench_chaos(
+    minutes: Annotated[str, typer.Option(metavar="M", help="minutes of faults")] = "10",
+    seed: Annotated[
+        str, typer.Option(metavar="S", help="seeds the faults and agent deaths")
+    ] = "42",
+    out: Annotated[Path | None, typer.Option(help="write the JSON report here")] = None,
+    agent_every: Annotated[
+        str, typer.Option(metavar="SECONDS", help="mean time between agent deaths (0: none)")
+    ] = "90",
+    steps: Annotated[str, typer.Option(metavar="N", help="steps per job run")] = "800",
+    faults_per_run: Annotated[str, typer.Option(metavar="N", help="faults per job run")] = "5",
+    policy: Annotated[
+        Path | None, typer.Option(help="a policy TOML for the server (default: its defaults)")
+    ] = None,
+    workdir: Annotated[Path | None, typer.Option(help="keep the run's files here")] = None,
+) -> None:
+    """The demo job under mixed seeded faults (exception, SIGKILL, hang, XID 79, agent
+    death) against a real server for M minutes: incidents, wrongful actions, recovery."""
+    from backend.bench.chaos import ChaosError, parse_config, run
+    from backend.bench.chaos_report import table
+
+    try:
+        cfg = parse_config(minutes, seed, agent_every, steps, faults_per_run)
+        if policy is not None:
+            if not policy.is_file():
+                raise ChaosError(f"--policy: no file {policy}")
+            cfg.policy = str(policy.resolve())
+        report = run(cfg, workdir=workdir, out=out)
+    except ChaosError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted before the report; every process it started was stopped", 130)
+    typer.echo(table(report))
+    if report["interrupted"]:
+        raise typer.Exit(130)
+
+
 @bench_app.command("checkpoint")
 def bench_checkpoint(
     intervals: Annotated[str, typer.Option(help="comma-separated checkpoint intervals")] = "10,50",
