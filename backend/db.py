@@ -140,4 +140,7 @@ def get_session(request: Request) -> Iterator[Session]:
             raise
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": the commit runs when the route returns, before the response is sent.
+# With FastAPI's default ("request") it ran after the response: a client got 200 for a
+# change not yet stored (a failed commit lost it), and its next request could miss it.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
