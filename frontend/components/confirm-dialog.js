@@ -1,14 +1,30 @@
 // A modal confirmation with a reason (and any other fields), on the native <dialog>:
 // focus moves into it and stays there, Escape cancels, and the action runs from inside,
-// so a refused request (403 without an operator token, 409 ...) is shown where the
-// operator is looking and the dialog stays open to try again.
+// so a refused request (403 without an operator token, 409 with the server's reason ...)
+// is shown where the operator is looking and the dialog stays open to try again.
 import { h } from "../lib/dom.js";
 
+/** A refused request in words: the server's own reason, without the bare status code. */
+export function refusal(error) {
+  const detail = error.detail ?? error.message;
+  if (error.status === 403) return `Refused: this needs an operator token (${detail}).`;
+  if (error.status === 409) return `Refused by the server: ${sentence(detail)}`;
+  if (error.status === 404) return `Not found: ${sentence(detail)}`;
+  if (error.status === 422) return `The server did not accept this: ${sentence(detail)}`;
+  return `Failed: ${error.message}`;
+}
+
+function sentence(text) {
+  const t = String(text ?? "").trim();
+  return !t || /[.!?]$/.test(t) ? t : `${t}.`;
+}
+
 /**
- * confirmDialog({title, text, confirmLabel, danger, fields, action, signal})
+ * confirmDialog({title, text, confirmLabel, danger, fields, action, onRefused, signal})
  * fields: [{name, label, kind: "textarea" | "select", options: [[value, label]], value,
  *           required, help}]
- * action(values) -> result: may throw; its message is shown in the dialog.
+ * action(values) -> result: may throw; its message is shown in the dialog (a 409 as the
+ * server's reason) and onRefused(error) is called, e.g. to re-read what changed.
  * Resolves to the action's result, or null when cancelled.
  */
 export function confirmDialog({
@@ -18,6 +34,7 @@ export function confirmDialog({
   danger = false,
   fields = [],
   action,
+  onRefused,
   signal,
 }) {
   return new Promise((resolve) => {
@@ -45,12 +62,13 @@ export function confirmDialog({
         input.value = field.value ?? "";
       }
       inputs.set(field.name, input);
+      if (field.help) input.setAttribute("aria-describedby", `${id}-help`);
       return h(
         "div",
         { class: "field" },
         h("label", { for: id }, field.label),
         input,
-        field.help ? h("p", { class: "muted field-help" }, field.help) : null,
+        field.help ? h("p", { class: "muted field-help", id: `${id}-help` }, field.help) : null,
       );
     });
     const message = h("p", { class: "dialog-message", role: "alert" });
@@ -106,10 +124,8 @@ export function confirmDialog({
         finish(result ?? true);
       } catch (error) {
         if (error.name === "AbortError") return finish(null);
-        message.textContent =
-          error.status === 403
-            ? `Refused: this needs an operator token (${error.detail}).`
-            : `Failed: ${error.message}`;
+        message.textContent = refusal(error);
+        onRefused?.(error);
         confirm.disabled = false;
         cancel.disabled = false;
       }

@@ -9,10 +9,32 @@ import { describeXid, loadXidCatalog } from "../lib/xids.js";
 const BAD = new Set(["xid", "gpu_lost", "rank_exit", "exception", "hang", "heartbeat_lost"]);
 const WARN = new Set(["straggler", "spool_gap", "restart", "command"]);
 
-function severity(kind) {
-  if (BAD.has(kind)) return "bad";
-  if (WARN.has(kind)) return "warn";
+/**
+ * A rank that ended its work: exit code 0 (or none known, said clean) and no signal; the
+ * backend's rule (engine/evidence.py clean_exit). A normal end is no fault.
+ */
+export function cleanExit(event) {
+  const data = event?.data ?? {};
+  if (![null, undefined, 0, ""].includes(data.signal)) return false;
+  if (![null, undefined].includes(data.exit_code) && data.exit_code !== 0) return false;
+  return data.clean === true || data.exit_code === 0;
+}
+
+function severity(event) {
+  if (event.kind === "rank_exit" && cleanExit(event)) return "info";
+  if (BAD.has(event.kind)) return "bad";
+  if (WARN.has(event.kind)) return "warn";
   return "info";
+}
+
+function exitText(event) {
+  if (event.kind !== "rank_exit") return null;
+  const data = event.data ?? {};
+  if (![null, undefined, 0, ""].includes(data.signal)) return `signal ${data.signal}`;
+  if (data.exit_code !== null && data.exit_code !== undefined) {
+    return data.exit_code === 0 ? "exit 0" : `exit code ${data.exit_code}`;
+  }
+  return cleanExit(event) ? "clean exit" : null;
 }
 
 function newestFirst(a, b) {
@@ -74,7 +96,7 @@ function renderEvent(event, { showNode, showJob, catalog }) {
   return h(
     "li",
     {
-      class: `event sev-${severity(event.kind)}`,
+      class: `event sev-${severity(event)}`,
       dataset: { eventId: String(event.id ?? ""), kind: event.kind },
     },
     timeEl(event.ts, { className: "event-time" }),
@@ -84,6 +106,7 @@ function renderEvent(event, { showNode, showJob, catalog }) {
       : null,
     xid === null ? null : xidLabel(xid, catalog),
     where,
+    exitText(event) ? h("span", { class: "event-exit" }, exitText(event)) : null,
     event.message && !repeatsCatalog(event.message, xid, catalog)
       ? h("span", { class: "event-message" }, event.message)
       : null,

@@ -4,6 +4,7 @@
 // A tile is a link to its node. The grid is one tab stop: arrow keys, Home and End move
 // between tiles (a roving tabindex), Enter opens the node; a readout line says what the
 // focused or hovered tile is.
+import { cordonText } from "../lib/cordons.js";
 import { h, replace } from "../lib/dom.js";
 import { celsius, localTime, pct } from "../lib/format.js";
 
@@ -16,9 +17,11 @@ function density(count) {
 }
 
 function describe(node) {
-  const parts = [node.name, node.status];
+  // Why a cordoned node is out of new work (who, since when, the incident, its evidence)
+  // stands in for its bare status.
+  const cordon = cordonText(node);
+  const parts = [node.name, cordon || node.status];
   if (node.simulated) parts.push("simulated");
-  if (node.cordoned && node.status !== "cordoned") parts.push("cordoned");
   parts.push(`util ${pct(node.util_avg)}`, `max ${celsius(node.temp_max)}`);
   if (node.last_seen) parts.push(`seen ${localTime(node.last_seen)}`);
   return parts.join(" \u00b7 ");
@@ -69,24 +72,34 @@ export class NodeGrid {
           tabindex: "-1",
           dataset: { node: node.name },
         });
-        tile = { el, label: h("span", { class: "tile-label" }), key: "" };
-        el.append(tile.label);
+        tile = {
+          el,
+          label: h("span", { class: "tile-label" }),
+          mark: h("span", { class: "tile-mark", "aria-hidden": "true" }),
+          key: "",
+        };
+        el.append(tile.label, tile.mark);
         this.#tiles.set(node.name, tile);
         changedSet = true;
       }
       const status = node.status ?? "unknown";
       const dim = !matches(node);
       const text = describe(node);
-      const key = `${status}|${node.simulated}|${dim}|${text}`;
+      const cordoned = Boolean(node.cordoned || node.status === "cordoned");
+      const key = `${status}|${node.simulated}|${dim}|${node.repair}|${cordoned}|${text}`;
       if (key !== tile.key) {
         tile.key = key;
         const el = tile.el;
         el.dataset.status = status;
         el.dataset.simulated = String(Boolean(node.simulated));
+        el.dataset.cordoned = String(cordoned);
+        el.dataset.repair = String(Boolean(node.repair));
         el.classList.toggle("dim", dim);
         el.title = text;
         el.setAttribute("aria-label", text);
         tile.label.textContent = node.name;
+        // A word on the large tiles (the frame and the pattern say it on the small ones).
+        tile.mark.textContent = node.repair ? "repair" : cordoned ? "cordoned" : "";
         tile.node = node;
       }
       tile.node = node;

@@ -1,16 +1,39 @@
-// Approve or reject a pending (dry-run) recommendation: a confirmation dialog with a
-// reason, then POST /incidents/<id>/approve|reject (operator; audited).
+// Approve or reject a pending incident: a dry-run recommendation, or an automatic node
+// exclusion the breaker held (its cap of automatic cordons was reached). A confirmation
+// dialog with a reason, then POST /incidents/<id>/approve|reject (operator; audited).
 import { apiPost, isMissingRoute } from "../api.js";
 import { confirmDialog } from "../components/confirm-dialog.js";
 import { h } from "./dom.js";
 
+/** The decision that holds a pending incident when the breaker held it, else null. */
+export function breakerHold(incident) {
+  if (incident?.status !== "pending") return null;
+  const last = (incident.decisions ?? []).at(-1);
+  return last?.mode === "breaker" ? last : null;
+}
+
+/** Why a pending incident waits, in words: the breaker's outcome, or the dry-run mode. */
+export function pendingWhy(incident) {
+  const held = breakerHold(incident);
+  if (held) {
+    return incident.outcome || `the breaker held the exclusion of ${held.node ?? "its node"}`;
+  }
+  return "dry-run mode: the engine only recommends";
+}
+
 export function decide(incident, verdict, signal) {
   const approve = verdict === "approve";
+  const held = breakerHold(incident);
+  const node = held?.node ?? incident.node;
   return confirmDialog({
-    title: `${approve ? "Approve" : "Reject"} the recommendation of incident #${incident.id}?`,
+    title: `${approve ? "Approve" : "Reject"} the ${held ? "held exclusion" : "recommendation"} of incident #${incident.id}?`,
     text: approve
-      ? `The engine will carry out "${incident.level}" on job ${incident.job}.`
-      : "Nothing is done; the incident is closed as rejected.",
+      ? held
+        ? `The engine will cordon ${node ?? "the node"} and restart job ${incident.job} without it, past the breaker's cap.`
+        : `The engine will carry out "${incident.level}" on job ${incident.job}.`
+      : held
+        ? `${node ?? "The node"} is not cordoned; the incident is closed as rejected.`
+        : "Nothing is done; the incident is closed as rejected.",
     confirmLabel: approve ? "Approve" : "Reject",
     danger: approve,
     fields: [{ name: "reason", label: "Reason (audited)", required: true }],

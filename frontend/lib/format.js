@@ -95,7 +95,7 @@ const STATUS_HINT = {
   degraded: "reporting, with a fault or a warning on the node",
   straggler: "reporting, but a rank on it is flagged as a straggler",
   down: "the agent stopped reporting",
-  cordoned: "taken out of scheduling by an operator or the policy",
+  cordoned: "taken out of scheduling (no new work) by an operator or by trainguard",
 };
 
 /** Health as colour and text (never colour alone). */
@@ -106,6 +106,76 @@ export function statusBadge(status) {
     { class: `status status-${known}`, title: STATUS_HINT[known] ?? "unknown status" },
     h("span", { class: "dot", "aria-hidden": "true" }),
     status ?? "unknown",
+  );
+}
+
+// Job states (DESIGN.md, glossary): each with its own colour and a word, never colour alone.
+export const JOB_STATES = ["running", "restarting", "waiting", "finished", "failed", "stopped"];
+export const JOB_ENDED = ["finished", "failed", "stopped"];
+
+const JOB_STATE_HINT = {
+  running: "training: its ranks are reporting",
+  restarting: "a restart of the job is under way",
+  waiting: "no schedulable node is left for the job",
+  finished: "every rank exited 0 at the end",
+  failed: "its ranks are gone and the launcher gave up",
+  stopped: "stopped by trainguard (stop_job): it gave up restarting",
+  idle: "no state from this server; the job has not reported for a while",
+  unknown: "unknown state",
+};
+
+const RUNNING_WITHIN_S = 60; // a server without job states: reported within this window
+const SILENT_AFTER_S = 120; // an active job that has not reported for this long says so
+
+/** The job's state, or (a server without states) "running" / "idle" from when it last reported. */
+export function jobState(job, now = Date.now() / 1000) {
+  if (job?.state) return job.state;
+  return now - (job?.last_seen ?? 0) <= RUNNING_WITHIN_S ? "running" : "idle";
+}
+
+export function jobEnded(job) {
+  return JOB_ENDED.includes(jobState(job));
+}
+
+/** Seconds since an active (not ended) job last reported, when that is suspiciously long; else null. */
+export function jobSilentFor(job, now = Date.now() / 1000) {
+  if (!job?.last_seen || jobEnded(job) || jobState(job, now) === "idle") return null;
+  const age = now - job.last_seen;
+  return age > SILENT_AFTER_S ? age : null;
+}
+
+/** The job's readable name (the server's display_name, else its name). */
+export function jobLabel(job) {
+  return job?.display_name || job?.name || "";
+}
+
+/**
+ * The state as a badge: a distinct style per state, the reason and since when on hover;
+ * ended jobs say when they ended ({withEnd: true} adds it as text beside the badge).
+ */
+export function jobStateBadge(job, { withEnd = false } = {}) {
+  const state = jobState(job);
+  const known = JOB_STATES.includes(state) || state === "idle" ? state : "unknown";
+  const hint = [job?.state_reason || JOB_STATE_HINT[known]];
+  if (job?.state_since) hint.push(`since ${utcTime(job.state_since)}`);
+  if (job?.ended_at) hint.push(`ended ${utcTime(job.ended_at)}`);
+  const badge = h(
+    "span",
+    { class: `job-state job-state-${known}`, title: hint.join("; "), dataset: { state } },
+    state,
+  );
+  const silent = jobSilentFor(job);
+  const ended = withEnd && JOB_ENDED.includes(state) && job?.ended_at;
+  if (!silent && !ended) return badge;
+  return h(
+    "span",
+    { class: "job-state-wrap" },
+    badge,
+    " ",
+    ended ? h("span", { class: "muted job-ended" }, "ended ", timeEl(job.ended_at)) : null,
+    silent
+      ? h("span", { class: "job-silent", title: "its ranks have not reported since; the state is the last one known" }, `no report for ${duration(silent)}`)
+      : null,
   );
 }
 

@@ -2,16 +2,17 @@
 // who triggered it and why, lost steps and recovery time, the recovery timeline as a
 // Gantt chart of its phases (with one row per node from the command acks), the commands
 // and their acks, the engine's decisions, and the evidence (the incident's own, or the
-// events of the job and its nodes around the fault). A pending recommendation can be
+// events of the job and its nodes around the fault). A pending incident (a dry-run
+// recommendation, or a node exclusion the breaker held) says why it waits and can be
 // approved or rejected here. Loaded from GET /incidents/<id> and /events; re-read when a
 // `command` ack or an `incident` SSE event concerns it, and every 2 s while it is open
 // (the open phase of the Gantt grows with the clock).
 import { apiGet } from "../api.js";
 import { renderGantt } from "../components/gantt.js";
 import { xidLabel } from "../components/events-feed.js";
-import { decisionButtons } from "../lib/approvals.js";
+import { breakerHold, decisionButtons, pendingWhy } from "../lib/approvals.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
-import { duration, timeEl } from "../lib/format.js";
+import { duration, jobStateBadge, timeEl } from "../lib/format.js";
 import { factItems, table } from "../lib/panels.js";
 import { loadXidCatalog } from "../lib/xids.js";
 import { statusTag } from "./incidents.js";
@@ -28,6 +29,7 @@ export function mount(root, ctx) {
 
   const heading = h("div", { class: "title-row" }, h("h1", {}, `Incident #${id}`));
   const facts = h("dl", { class: "facts" }, h("p", { class: "muted" }, "Loading the incident\u2026"));
+  const pendingBox = h("div", { class: "pending-root" });
   const reasonLine = h("div");
   const ganttRoot = h("div", { class: "gantt-root", id: "gantt" });
   const commandsRoot = h("div");
@@ -38,6 +40,7 @@ export function mount(root, ctx) {
     root,
     h("nav", { class: "crumbs", "aria-label": "breadcrumb" }, h("a", { href: "#/incidents" }, "Incidents"), ` / #${id}`),
     heading,
+    pendingBox,
     facts,
     reasonLine,
     h(
@@ -80,11 +83,40 @@ export function mount(root, ctx) {
       h("span", { class: "spacer" }),
       inc.status === "pending" ? decisionButtons(inc, ctx.signal, load) : null,
     );
+    const held = breakerHold(inc);
+    replace(
+      pendingBox,
+      inc.status === "pending"
+        ? h(
+            "div",
+            { class: `pending-box${held ? " breaker-box" : ""}`, role: "note", dataset: { held: held ? "breaker" : "dry_run" } },
+            h("strong", {}, held ? "Held by the breaker. " : "Awaiting an operator. "),
+            pendingWhy(inc),
+            held
+              ? h(
+                  "p",
+                  { class: "muted note" },
+                  `Approve to cordon ${held.node ?? "the node"} and restart the job without it; reject to leave the node in service.`,
+                )
+              : null,
+          )
+        : null,
+    );
     const by = inc.triggered_by ? ` by ${inc.triggered_by}` : "";
     replace(
       facts,
       factItems([
-        ["Job", inc.job ? h("a", { href: `#/jobs/${encodeURIComponent(inc.job)}` }, inc.job) : "\u2014"],
+        [
+          "Job",
+          inc.job
+            ? h(
+                "span",
+                {},
+                h("a", { href: `#/jobs/${encodeURIComponent(inc.job)}` }, inc.job),
+                inc.job_state ? [" ", jobStateBadge({ state: inc.job_state })] : null,
+              )
+            : "\u2014",
+        ],
         ["Action", h("strong", { dataset: { field: "level" } }, inc.level ?? "\u2014")],
         ["Trigger", h("span", { dataset: { field: "trigger" } }, `${inc.trigger ?? "\u2014"}${by}`)],
         ["Cause", inc.cause ?? "\u2014"],

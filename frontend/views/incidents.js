@@ -1,11 +1,12 @@
-// Incidents (#/incidents[?status=&job=]): pending dry-run recommendations awaiting an
-// operator (approve / reject), then every incident, newest first, with the phase it has
-// reached, its recovery time and lost steps. Loaded from GET /incidents; re-read on
+// Incidents (#/incidents[?status=&job=]): pending incidents awaiting an operator (approve /
+// reject): dry-run recommendations, and automatic node exclusions the breaker held, with
+// why; then every incident, newest first, with the phase it has reached, its recovery time
+// and lost steps. Loaded from GET /incidents; re-read on
 // `incident` and `command` SSE events and every 10 s on the `nodes` tick.
 import { apiGet, isMissingRoute } from "../api.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import { duration, timeEl } from "../lib/format.js";
-import { decisionButtons } from "../lib/approvals.js";
+import { breakerHold, decisionButtons, pendingWhy } from "../lib/approvals.js";
 import { table } from "../lib/panels.js";
 import { reachedPhase } from "./overview.js";
 
@@ -16,6 +17,11 @@ const EVERY_S = 10;
 
 export function statusTag(status) {
   return h("span", { class: `incident-status incident-${status}` }, status);
+}
+
+/** An incident that ended without a command of trainguard's (NVRx or the launcher recovered it). */
+export function recoveredByItself(incident) {
+  return typeof incident?.outcome === "string" && incident.outcome.startsWith("recovered by itself");
 }
 
 function trigger(i) {
@@ -41,7 +47,11 @@ export function mount(root, ctx) {
       "section",
       { class: "panel", "aria-labelledby": "pending-heading" },
       h("div", { class: "panel-head" }, h("h2", { id: "pending-heading" }, "Awaiting approval")),
-      h("p", { class: "muted note" }, "In dry-run mode the engine only recommends; an operator approves or rejects."),
+      h(
+        "p",
+        { class: "muted note" },
+        "In dry-run mode the engine only recommends; an automatic node exclusion past the breaker's cap waits too. An operator approves or rejects.",
+      ),
       engineLine,
       pendingRoot,
     ),
@@ -79,10 +89,14 @@ export function mount(root, ctx) {
               pending.map((i) =>
                 h(
                   "li",
-                  { class: "incident-item pending-item", dataset: { incident: String(i.id) } },
+                  {
+                    class: "incident-item pending-item",
+                    dataset: { incident: String(i.id), held: breakerHold(i) ? "breaker" : "dry_run" },
+                  },
                   h("a", { href: `#/incidents/${i.id}` }, `#${i.id}`),
-                  " recommends ",
+                  breakerHold(i) ? " holds " : " recommends ",
                   h("strong", {}, i.level),
+                  breakerHold(i)?.node ? [" of ", h("a", { href: `#/nodes/${encodeURIComponent(breakerHold(i).node)}` }, breakerHold(i).node)] : null,
                   " for ",
                   h("a", { href: `#/jobs/${encodeURIComponent(i.job)}` }, i.job),
                   i.cause ? ` (${i.cause})` : null,
@@ -90,6 +104,10 @@ export function mount(root, ctx) {
                   timeEl(i.created_at),
                   " ",
                   decisionButtons(i, ctx.signal, load),
+                  // Why it waits, when it is not plain dry-run (said above the list).
+                  breakerHold(i)
+                    ? h("p", { class: "pending-why breaker-why" }, h("strong", {}, "Held by the breaker: "), pendingWhy(i))
+                    : null,
                 ),
               ),
             )
@@ -113,7 +131,12 @@ export function mount(root, ctx) {
                       { dataset: { incident: String(i.id), status: i.status } },
                       h("th", { scope: "row", class: "num" }, h("a", { href: `#/incidents/${i.id}` }, `#${i.id}`)),
                       h("td", {}, i.job ? h("a", { href: `#/jobs/${encodeURIComponent(i.job)}` }, i.job) : "\u2014"),
-                      h("td", {}, statusTag(i.status)),
+                      h(
+                        "td",
+                        { title: i.outcome || null },
+                        statusTag(i.status),
+                        recoveredByItself(i) ? h("span", { class: "muted by-itself" }, " by itself") : null,
+                      ),
                       h("td", {}, i.level ?? "\u2014"),
                       h("td", {}, trigger(i)),
                       h("td", {}, i.cause ?? "\u2014"),

@@ -1,8 +1,11 @@
-// Job view (#/jobs/<name>): the job's generation (attempt, in-process iteration), step
+// Job view (#/jobs/<name>): the job's state (since when and why; when it ended), what it
+// can carry out (in-process under NVRx's Wrapper or not, which launcher), its generation
+// (attempt, in-process iteration), step
 // time per rank as a heatmap over time and the cohort's median and worst rank as a line
 // chart, straggler scores and flags, the ranks, goodput with its badput breakdown over
 // time, the checkpoint-interval advice, its incidents and events, and a restart control
-// (operator; confirmation with level and reason; a 202 leads to the new incident).
+// (operator; confirmation with a level the job supports and a reason; a 202 leads to the
+// new incident, a 409 is shown in the dialog with the server's reason).
 // Loaded from GET /jobs/<job>, /steps, /stragglers, /goodput, /advice, /incidents; the
 // steps are read incrementally on each `nodes` tick of the live stream (every 2 s), the
 // rest every 10 s and whenever an event of this job arrives.
@@ -13,7 +16,15 @@ import { GOODPUT_PARTS, GoodputChart } from "../components/goodput-chart.js";
 import { StepHeatmap } from "../components/heatmap.js";
 import { StepChart } from "../components/step-chart.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
-import { duration, fraction, timeEl } from "../lib/format.js";
+import {
+  duration,
+  fraction,
+  jobEnded,
+  jobLabel,
+  jobState,
+  jobStateBadge,
+  timeEl,
+} from "../lib/format.js";
 import { factItems, failure, table } from "../lib/panels.js";
 import { StepMatrix } from "../lib/steps.js";
 import { reachedPhase } from "./overview.js";
@@ -23,7 +34,6 @@ export const title = (params) => params.name;
 const MAX_COLUMNS = 300; // steps kept in the heatmap
 const OVERLAP_S = 10; // re-read this much before the newest step (batches arrive out of order)
 const DETAILS_EVERY_S = 10;
-const RUNNING_WITHIN_S = 60;
 const MAX_STRAGGLER_ROWS = 25;
 
 const LEVELS = [
@@ -31,8 +41,86 @@ const LEVELS = [
   ["launcher", "launcher: workers end, the launcher respawns them from the checkpoint"],
 ];
 
+const LAUNCHER_TEXT = {
+  torchrun: "torchrun",
+  ft_launcher: "ft_launcher (NVRx)",
+  slurm: "Slurm",
+  none: "none",
+};
+
+/** The levels the job can carry out ([] for none); every level on a server that does not say. */
+export function restartLevels(job) {
+  const levels = job?.capabilities?.levels;
+  return Array.isArray(levels) ? LEVELS.filter(([level]) => levels.includes(level)) : LEVELS;
+}
+
+/** Why a level is not offered, for the dialog and the page. */
+function missingLevels(job) {
+  const caps = job?.capabilities;
+  if (!caps || !Array.isArray(caps.levels)) return [];
+  const out = [];
+  if (!caps.levels.includes("in_process")) {
+    out.push("In-process is not offered: not every live rank runs under NVRx's Wrapper.");
+  }
+  if (!caps.levels.includes("launcher")) {
+    out.push("Launcher is not offered: no launcher (torchrun, ft_launcher, Slurm) would respawn the ranks.");
+  }
+  return out;
+}
+
+const hasLive = (job) => (job.ranks ?? []).some((r) => r.alive);
+
+/** What the ranks declared, alive or not (a job without live ranks: its last ranks). */
+function declared(job) {
+  const ranks = job.ranks ?? [];
+  const flags = ranks.map((r) => r.in_process).filter((v) => v !== null && v !== undefined);
+  return {
+    inProcess: flags.length ? flags.every(Boolean) : null,
+    launchers: [...new Set(ranks.map((r) => r.launcher).filter(Boolean))].sort(),
+  };
+}
+
+function inProcessText(job) {
+  const caps = job.capabilities;
+  if (!caps) return h("span", { class: "muted" }, "not reported by this server");
+  const live = hasLive(job);
+  const value = live ? caps.in_process : declared(job).inProcess;
+  const of = live ? "every live rank runs" : "its last ranks ran";
+  if (value === true) return h("span", { class: "cap cap-yes" }, `yes: ${of} under NVRx's Wrapper`);
+  if (value === false) {
+    const who = live ? "not every live rank runs" : "not every one of its last ranks ran";
+    return h("span", { class: "cap cap-no" }, `no: ${who} under NVRx's Wrapper`);
+  }
+  return h("span", { class: "muted" }, live ? "unknown: the ranks did not declare it (an older SDK)" : "unknown: no live rank");
+}
+
+function launcherText(job) {
+  if (!job.capabilities) return h("span", { class: "muted" }, "not reported by this server");
+  const launchers = hasLive(job) ? job.capabilities.launchers : declared(job).launchers;
+  if (!launchers?.length) return h("span", { class: "muted" }, "unknown");
+  return launchers.map((l) => LAUNCHER_TEXT[l] ?? l).join(", ");
+}
+
+function levelsText(job) {
+  if (!hasLive(job) && job.capabilities) return h("span", { class: "muted" }, "none: no live rank to restart");
+  const levels = restartLevels(job);
+  return levels.length ? levels.map(([l]) => l.replace("_", "-")).join(", ") : "none";
+}
+
 function score(v) {
   return v === null || v === undefined ? "\u2014" : Number(v).toFixed(2);
+}
+
+function runsUnder(rank) {
+  const wrapper =
+    rank.in_process === true ? "Wrapper" : rank.in_process === false ? "no Wrapper" : null;
+  const launcher = rank.launcher ?? null; // the bare name: the table is narrow
+  if (!wrapper && !launcher) return h("span", { class: "muted" }, "\u2014");
+  return [
+    wrapper ? h("span", { class: rank.in_process ? "cap-yes" : "cap-no", dataset: { field: "in-process" } }, wrapper) : null,
+    wrapper && launcher ? " \u00b7 " : null,
+    launcher ? h("span", { dataset: { field: "launcher" } }, launcher) : null,
+  ];
 }
 
 export function mount(root, ctx) {
@@ -40,8 +128,12 @@ export function mount(root, ctx) {
   const enc = encodeURIComponent(name);
   ctx.stream.setTopics(["nodes", "events", "incidents", `job:${name}`]);
 
-  const restartButton = h("button", { type: "button", class: "btn btn-danger", id: "restart-job" }, "Restart\u2026");
+  const restartButton = h("button", { type: "button", class: "btn btn-danger", id: "restart-job", "aria-describedby": "restart-note" }, "Restart\u2026");
+  const restartNote = h("span", { class: "muted restart-note", id: "restart-note" });
+  const heading = h("h1", {}, name);
+  const stateSlot = h("span", { class: "state-slot" });
   const facts = h("dl", { class: "facts" }, h("p", { class: "muted" }, "Loading the job\u2026"));
+  const capsList = h("dl", { class: "caps-facts", id: "capabilities" });
   const modeSelect = h(
     "select",
     { id: "heatmap-mode" },
@@ -73,8 +165,15 @@ export function mount(root, ctx) {
   replace(
     root,
     h("nav", { class: "crumbs", "aria-label": "breadcrumb" }, h("a", { href: "#/jobs" }, "Jobs"), " / ", name),
-    h("div", { class: "title-row" }, h("h1", {}, name), h("span", { class: "spacer" }), restartButton),
+    h("div", { class: "title-row" }, heading, stateSlot, h("span", { class: "spacer" }), restartNote, restartButton),
     facts,
+    h(
+      "section",
+      { class: "panel caps-panel", "aria-labelledby": "caps-heading" },
+      h("div", { class: "panel-head" }, h("h2", { id: "caps-heading" }, "What the job can carry out")),
+      h("p", { class: "muted note" }, "As its live ranks declared it through the trainguard SDK; the engine and the restart control use only these levels."),
+      capsList,
+    ),
     panel(
       "steps-heading",
       "Step time per rank",
@@ -119,12 +218,18 @@ export function mount(root, ctx) {
 
   function showJob(j) {
     job = j;
-    const now = Date.now() / 1000;
-    const running = now - j.last_seen <= RUNNING_WITHIN_S;
+    const state = jobState(j);
+    const label = jobLabel(j);
+    replace(heading, label, label !== j.name ? h("span", { class: "muted job-id mono" }, j.name) : null);
+    replace(stateSlot, jobStateBadge(j, { withEnd: false }));
+    stateSlot.dataset.state = state;
+    const ended = jobEnded(j);
     replace(
       facts,
       factItems([
-        ["State", running ? h("span", { class: "status status-healthy" }, "running") : h("span", { class: "muted" }, "idle")],
+        j.state_since ? [`${state} since`, h("span", { dataset: { field: "state-since" } }, timeEl(j.state_since))] : null,
+        j.state_reason ? ["Why", h("span", { dataset: { field: "state-reason" } }, j.state_reason)] : null,
+        ended ? ["Ended", h("span", { dataset: { field: "ended" } }, timeEl(j.ended_at))] : null,
         ["World size", String(j.world_size ?? "\u2014")],
         ["Attempt", h("span", { title: "launcher-level restarts so far", dataset: { field: "attempt" } }, String(j.attempt ?? 0))],
         ["Iteration", h("span", { title: "in-process restarts within this attempt", dataset: { field: "iteration" } }, String(j.iteration ?? 0))],
@@ -133,6 +238,23 @@ export function mount(root, ctx) {
         ["First seen", timeEl(j.first_seen)],
       ]),
     );
+    replace(
+      capsList,
+      factItems([
+        ["In-process restart", h("span", { dataset: { field: "in-process" } }, inProcessText(j))],
+        ["Launcher", h("span", { dataset: { field: "launchers" } }, launcherText(j))],
+        [
+          "Restart levels",
+          h("span", { dataset: { field: "levels", levels: restartLevels(j).map(([l]) => l).join(",") } }, levelsText(j)),
+        ],
+      ]),
+    );
+    // The restart control says why it is not offered rather than failing on a click.
+    let why = "";
+    if (ended && !hasLive(j)) why = `The job has ${state}: there is nothing to restart.`;
+    else if (!restartLevels(j).length) why = "No restart level: the ranks run under no launcher and not under NVRx's Wrapper.";
+    restartButton.disabled = Boolean(why);
+    restartNote.textContent = why;
     showRanks(j.ranks ?? []);
   }
 
@@ -142,6 +264,10 @@ export function mount(root, ctx) {
       return;
     }
     const ordered = [...ranks].sort((a, b) => Number(a.alive) - Number(b.alive) || a.rank - b.rank);
+    // What each rank runs under, only when they differ (else the capabilities say it):
+    // then it names the ranks that keep the job from in-process restarts.
+    const mixed = new Set(ranks.map((r) => `${r.in_process}|${r.launcher}`)).size > 1;
+    ranksRoot.dataset.mixed = String(mixed);
     replace(
       ranksRoot,
       h(
@@ -149,7 +275,7 @@ export function mount(root, ctx) {
         { class: "table-scroll tall-scroll" },
         table(
           "ranks-table",
-          ["Rank", "Node", "Local", "PID", "Attempt", "Iter", "Last step", "Alive", "Heartbeat"],
+          ["Rank", "Node", "Local", "PID", "Attempt", "Iter", "Last step", "Alive", mixed ? "Runs under" : null, "Heartbeat"].filter(Boolean),
           h(
             "tbody",
             {},
@@ -165,6 +291,7 @@ export function mount(root, ctx) {
                 h("td", { class: "num" }, String(r.iteration ?? 0)),
                 h("td", { class: "num" }, r.last_step ?? "\u2014"),
                 h("td", {}, r.alive ? "yes" : h("strong", { class: "bad" }, "no")),
+                mixed ? h("td", { title: "what the rank declared: NVRx's in-process Wrapper, and its launcher" }, runsUnder(r)) : null,
                 h("td", {}, timeEl(r.last_heartbeat)),
               ),
             ),
@@ -183,6 +310,7 @@ export function mount(root, ctx) {
       if (error.name === "AbortError") return false;
       if (error.status === 404 && !/^Not Found$/.test(error.detail)) {
         replace(facts, emptyState(`Job "${name}" has not reported to this server.`));
+        replace(capsList);
         restartButton.disabled = true;
         return false;
       }
@@ -452,17 +580,30 @@ export function mount(root, ctx) {
   // --- restart --------------------------------------------------------------------------
 
   restartButton.addEventListener("click", async () => {
+    // What the job can carry out now (its ranks may have changed since the last read).
+    await loadJob();
+    if (ctx.signal.aborted || restartButton.disabled) return;
+    const levels = restartLevels(job);
     const result = await confirmDialog({
-      title: `Restart ${name}?`,
+      title: `Restart ${jobLabel(job) || name}?`,
       text: "Every live rank of the job is restarted at the chosen level. The action is audited with your reason.",
       confirmLabel: "Restart",
       danger: true,
       fields: [
-        { name: "level", label: "Level", kind: "select", options: LEVELS, value: "in_process" },
+        {
+          name: "level",
+          label: "Level",
+          kind: "select",
+          options: levels,
+          value: levels[0][0],
+          help: missingLevels(job).join(" ") || null,
+        },
         { name: "reason", label: "Reason", required: true, placeholder: "why, for the audit log" },
       ],
       signal: ctx.signal,
       action: ({ level, reason }) => apiPost(`jobs/${enc}/restarts`, { level, reason }, { signal: ctx.signal }),
+      // A 409: the job cannot carry it out (any more); the page shows what it can now.
+      onRefused: (error) => error.status === 409 && loadJob(),
     });
     if (result?.incident_id !== undefined) {
       location.hash = `#/incidents/${result.incident_id}`;

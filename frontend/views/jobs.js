@@ -1,16 +1,16 @@
-// Jobs (#/jobs): every job the server knows, most recently active first, with its
-// generation, last step, goodput over the last 24 h, stragglers and open incidents.
+// Jobs (#/jobs): every job the server knows, most recently active first, with its state
+// (and when it ended), generation, last step, goodput over the last 24 h, stragglers and
+// open incidents.
 // Loaded from GET /jobs (+ /goodput and /stragglers of the jobs shown) and re-read every
 // 10 s on the live stream's `nodes` tick.
 import { apiGet, isMissingRoute } from "../api.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
-import { fraction, timeEl } from "../lib/format.js";
+import { fraction, jobEnded, jobLabel, jobState, jobStateBadge, timeEl } from "../lib/format.js";
 import { table } from "../lib/panels.js";
 
 export const title = "Jobs";
 
 const EVERY_S = 10;
-const RUNNING_WITHIN_S = 60;
 const MAX_DETAILED = 50; // jobs whose goodput and stragglers are read
 
 export function mount(root, ctx) {
@@ -51,12 +51,12 @@ export function mount(root, ctx) {
           const enc = encodeURIComponent(job.name);
           const [goodput, stragglers] = await Promise.all([
             optional("goodput", `jobs/${enc}/goodput`, { window: "24h" }),
-            optional("stragglers", `jobs/${enc}/stragglers`, {}),
+            // An ended job has no stragglers to flag.
+            jobEnded(job) ? null : optional("stragglers", `jobs/${enc}/stragglers`, {}),
           ]);
           return { goodput, stragglers };
         }),
       );
-      const now = Date.now() / 1000;
       replace(
         body,
         h(
@@ -69,14 +69,20 @@ export function mount(root, ctx) {
               "tbody",
               {},
               jobs.map((job, i) => {
-                const running = now - job.last_seen <= RUNNING_WITHIN_S;
+                const state = jobState(job);
                 const { goodput, stragglers } = extra[i] ?? {};
                 const nFlagged = stragglers ? (stragglers.ranks ?? []).filter((r) => r.flagged).length : null;
+                const label = jobLabel(job);
                 return h(
                   "tr",
-                  { dataset: { job: job.name, running: String(running) } },
-                  h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(job.name)}` }, job.name)),
-                  h("td", {}, running ? h("span", { class: "status status-healthy" }, "running") : h("span", { class: "muted" }, "idle")),
+                  { dataset: { job: job.name, state, running: String(state === "running" || state === "restarting") } },
+                  h(
+                    "th",
+                    { scope: "row" },
+                    h("a", { href: `#/jobs/${encodeURIComponent(job.name)}` }, label),
+                    label !== job.name ? h("span", { class: "muted job-id mono" }, job.name) : null,
+                  ),
+                  h("td", { class: "col-state" }, jobStateBadge(job, { withEnd: true })),
                   h("td", { class: "num" }, String(job.world_size ?? "\u2014")),
                   h("td", { class: "num" }, String(job.attempt ?? 0)),
                   h("td", { class: "num" }, String(job.iteration ?? 0)),
@@ -85,7 +91,9 @@ export function mount(root, ctx) {
                   h(
                     "td",
                     { class: "num" },
-                    nFlagged === null ? h("span", { class: "muted" }, "n/a") : nFlagged ? h("span", { class: "status status-straggler" }, String(nFlagged)) : "0",
+                    nFlagged === null
+                      ? h("span", { class: "muted" }, jobEnded(job) ? "\u2014" : "n/a")
+                      : nFlagged ? h("span", { class: "status status-straggler" }, String(nFlagged)) : "0",
                   ),
                   h(
                     "td",

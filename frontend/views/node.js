@@ -1,14 +1,17 @@
-// Node view (#/nodes/<name>[?gpu=<uuid>]): the node's health with cordon/uncordon, its
+// Node view (#/nodes/<name>[?gpu=<uuid>]): the node's health; its cordon (who or what
+// cordoned it, why, the incident and its evidence, since when, whether it is flagged for
+// repair), the history of its cordons, and cordon / readmit (operator, with a reason); its
 // GPUs with their latest readings and error counters, live charts of one selected GPU
 // (utilisation and temperature, memory, power, clocks), its XID history with the
 // catalog's meaning and action, the ranks it hosts, and its recent events.
-// Loaded from GET /nodes/<name>, /nodes/<name>/gpus, /gpus/<uuid>/samples, /events and
-// /jobs/<job>, then kept current by the `nodes`, `samples` (topic node:<name>) and
-// `event` SSE events.
-import { apiGet, apiPost } from "../api.js";
-import { confirmDialog } from "../components/confirm-dialog.js";
+// Loaded from GET /nodes/<name>, /nodes/<name>/cordons, /nodes/<name>/gpus,
+// /gpus/<uuid>/samples, /events and /jobs/<job>, then kept current by the `nodes`,
+// `samples` (topic node:<name>) and `event` SSE events.
+import { apiGet } from "../api.js";
+import { CordonPanel } from "../components/cordon-panel.js";
 import { mountEventsFeed, repeatsCatalog, xidLabel } from "../components/events-feed.js";
 import { GPU_CHARTS, GpuChart } from "../components/gpu-chart.js";
+import { repairBadge } from "../lib/cordons.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import {
   celsius,
@@ -151,7 +154,12 @@ export function mount(root, ctx) {
   const name = ctx.params.name;
   ctx.stream.setTopics(["nodes", "events", `node:${name}`]);
 
-  const cordonButton = h("button", { type: "button", class: "btn", hidden: true });
+  const cordonPanel = new CordonPanel({
+    name,
+    signal: ctx.signal,
+    show: (next) => showNode(next),
+    reload: () => load(),
+  });
   const header = h("div", { class: "node-header" }, h("h1", {}, name));
   const factList = h("dl", { class: "facts" });
   const gpuStatus = h("div", {}, h("p", { class: "muted" }, "Loading GPUs\u2026"));
@@ -216,8 +224,9 @@ export function mount(root, ctx) {
   replace(
     root,
     h("nav", { class: "crumbs", "aria-label": "breadcrumb" }, h("a", { href: "#/" }, "Overview"), " / ", name),
-    h("div", { class: "title-row" }, header, h("span", { class: "spacer" }), cordonButton),
+    h("div", { class: "title-row" }, header, h("span", { class: "spacer" }), cordonPanel.cordonButton),
     factList,
+    cordonPanel.el,
     h(
       "section",
       { class: "panel", "aria-labelledby": "gpus-heading" },
@@ -285,15 +294,17 @@ export function mount(root, ctx) {
   let historyRequest = 0;
   let pending = null; // live samples that arrived while the history was loading
   let reloadedForCount = null; // GPU count that last triggered a reload of the inventory
-  // After a cordon/uncordon, a `nodes` tick read just before the change may still arrive:
-  // until then the page trusts its own answer for the cordon state.
-  let cordonSettlesAt = 0;
 
   // --- header, cordon ---------------------------------------------------------------
 
   function showNode(next) {
     node = next;
-    replace(header, h("h1", {}, name), node.simulated ? simulatedBadge() : null);
+    replace(
+      header,
+      h("h1", {}, name),
+      node.simulated ? simulatedBadge() : null,
+      node.repair ? repairBadge(node) : null,
+    );
     replace(
       factList,
       facts(node),
@@ -301,33 +312,8 @@ export function mount(root, ctx) {
         ? h("div", { class: "straggler-fact" }, h("dt", {}, "Straggler"), h("dd", { class: "status-straggler" }, stragglerText))
         : null,
     );
-    cordonButton.hidden = false;
-    cordonButton.textContent = node.cordoned ? "Uncordon\u2026" : "Cordon\u2026";
-    cordonButton.dataset.action = node.cordoned ? "uncordon" : "cordon";
+    cordonPanel.update(node);
   }
-
-  cordonButton.addEventListener("click", async () => {
-    if (!node) return;
-    const action = node.cordoned ? "uncordon" : "cordon";
-    const result = await confirmDialog({
-      title: node.cordoned ? `Uncordon ${name}?` : `Cordon ${name}?`,
-      text: node.cordoned
-        ? "The node becomes schedulable again."
-        : "No new work is placed on a cordoned node; running ranks keep running until a restart excludes it.",
-      confirmLabel: node.cordoned ? "Uncordon" : "Cordon",
-      danger: !node.cordoned,
-      fields: [{ name: "reason", label: "Reason (audited)", required: true }],
-      signal: ctx.signal,
-      action: ({ reason }) =>
-        apiPost(`nodes/${encodeURIComponent(name)}/${action}`, { reason }, { signal: ctx.signal }),
-    });
-    if (result) {
-      cordonSettlesAt = Date.now() + 5000;
-      node = { ...node, cordoned: result.cordoned ?? !node.cordoned };
-      load();
-    }
-    cordonButton.focus();
-  });
 
   // --- GPUs and charts --------------------------------------------------------------
 
@@ -430,16 +416,19 @@ export function mount(root, ctx) {
     }
   }
 
+  /** Read the node and its GPUs; false when the answer still predates our own cordon change. */
   async function load() {
     try {
       const [answer, list] = await Promise.all([
         apiGet(`nodes/${encodeURIComponent(name)}`, {}, { signal: ctx.signal }),
         apiGet(`nodes/${encodeURIComponent(name)}/gpus`, {}, { signal: ctx.signal }),
       ]);
+      if (cordonPanel.stale(answer)) return false; // predates our own cordon change
       showNode(answer);
       showGpus(list);
+      return true;
     } catch (error) {
-      if (error.name === "AbortError") return;
+      if (error.name === "AbortError") return false;
       if (error.status === 404) {
         replace(factList, emptyState(`Node "${name}" has not reported to this server.`));
         replace(gpuStatus, emptyState("No GPUs known for this node."));
@@ -449,6 +438,7 @@ export function mount(root, ctx) {
       } else {
         replace(gpuStatus, errorBox("Could not load the node", error));
       }
+      return false;
     }
   }
 
@@ -583,8 +573,8 @@ export function mount(root, ctx) {
 
   const offNodes = ctx.stream.on("nodes", (list) => {
     const found = (Array.isArray(list) ? list : (list?.nodes ?? [])).find((n) => n.name === name);
-    const stale = found && Date.now() < cordonSettlesAt && found.cordoned !== node?.cordoned;
-    if (found && !stale) {
+    // A tick read just before our own cordon change may still arrive: skip it.
+    if (found && !cordonPanel.stale(found)) {
       showNode(found);
       // A GPU this page does not know yet (the node just reported its inventory): reload.
       const count = found.gpu_count ?? 0;

@@ -1,16 +1,24 @@
-// Overview (#/): every node as a tile coloured by health, counts by state, the nodes that
-// need attention, running jobs with their goodput, open incidents, and the live event feed.
+// Overview (#/): every node as a tile coloured by health (a cordoned node carries its
+// reason in its tooltip and in the table), counts by state, the nodes that need attention,
+// the active and recently ended jobs with their state and goodput, open incidents (an
+// exclusion held by the breaker says so), and the live event feed.
 // Loaded from GET /nodes, /jobs, /jobs/<job>/goodput, /jobs/<job>/stragglers, /incidents
 // and /events; kept current by the `nodes` tick (every 2 s, which also paces the re-reads
 // of jobs), `event`, `incident` and `command` SSE events.
 import { apiGet, isMissingRoute } from "../api.js";
 import { mountEventsFeed } from "../components/events-feed.js";
 import { NodeGrid } from "../components/node-grid.js";
+import { breakerHold } from "../lib/approvals.js";
+import { cordonCell } from "../lib/cordons.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import {
   celsius,
   duration,
   fraction,
+  jobEnded,
+  jobLabel,
+  jobState,
+  jobStateBadge,
   localTime,
   pct,
   simulatedBadge,
@@ -22,7 +30,7 @@ import {
 export const title = "Overview";
 
 const JOBS_EVERY_S = 10; // jobs, goodput and stragglers are re-read at most this often
-const RUNNING_WITHIN_S = 60; // a job that reported within this window is running
+const RECENT_S = 3600; // jobs seen (or ended) within this long are on the overview
 const MAX_JOBS = 20; // jobs whose goodput and stragglers are read
 const MAX_TABLE_ROWS = 100;
 
@@ -45,6 +53,7 @@ class NodeRow {
       util: h("td", { class: "num col-util" }),
       temp: h("td", { class: "num col-temp" }),
       seen: h("td", { class: "col-seen" }),
+      cordon: h("td", { class: "col-cordon" }),
     };
     this.tr = h(
       "tr",
@@ -63,6 +72,8 @@ class NodeRow {
     this.cells.util.textContent = pct(node.util_avg);
     this.cells.temp.textContent = celsius(node.temp_max);
     replace(this.cells.seen, timeEl(node.last_seen));
+    replace(this.cells.cordon, cordonCell(node));
+    this.tr.dataset.repair = String(Boolean(node.repair));
   }
 }
 
@@ -73,17 +84,22 @@ function withStragglers(nodes, stragglers) {
   );
 }
 
-function jobRow(job, goodput, now) {
-  const running = now - job.last_seen <= RUNNING_WITHIN_S;
+function jobRow(job, goodput) {
+  const state = jobState(job);
   let goodputCell;
   if (goodput === undefined) goodputCell = h("span", { class: "muted" }, "\u2026");
   else if (goodput === null) goodputCell = h("span", { class: "muted", title: "no goodput route on this server" }, "n/a");
   else goodputCell = h("span", { title: `over ${duration(goodput.elapsed_s)} of job time` }, fraction(goodput.goodput));
+  const label = jobLabel(job);
   return h(
     "tr",
-    { dataset: { job: job.name, running: String(running) } },
-    h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(job.name)}` }, job.name)),
-    h("td", {}, running ? h("span", { class: "status status-healthy" }, "running") : h("span", { class: "muted" }, "idle")),
+    { dataset: { job: job.name, state, running: String(state === "running" || state === "restarting") } },
+    h(
+      "th",
+      { scope: "row" },
+      h("a", { href: `#/jobs/${encodeURIComponent(job.name)}`, title: label !== job.name ? job.name : null }, label),
+    ),
+    h("td", { class: "col-state" }, jobStateBadge(job, { withEnd: true })),
     h("td", { class: "num", title: `world size ${job.world_size ?? "?"}` }, `${job.attempt ?? 0} / ${job.iteration ?? 0}`),
     h("td", { class: "num" }, job.last_step ?? "\u2014"),
     h("td", { class: "num col-goodput" }, goodputCell),
@@ -128,7 +144,15 @@ function incidentItem(incident) {
     timeEl(incident.created_at),
     " \u00b7 ",
     incident.status === "pending"
-      ? h("a", { class: "phase pending", href: "#/incidents" }, "awaiting approval")
+      ? h(
+          "a",
+          {
+            class: "phase pending",
+            href: `#/incidents/${incident.id}`,
+            title: breakerHold(incident) ? incident.outcome : null,
+          },
+          breakerHold(incident) ? "held by the breaker" : "awaiting approval",
+        )
       : h("span", { class: "phase" }, reachedPhase(incident)),
   );
 }
@@ -170,6 +194,11 @@ export function mount(root, ctx) {
         h("th", { scope: "col", class: "num" }, "Avg util"),
         h("th", { scope: "col", class: "num" }, "Max temp"),
         h("th", { scope: "col" }, "Last seen"),
+        h(
+          "th",
+          { scope: "col", class: "col-cordon", title: "who or what cordoned the node, since when, and for which incident" },
+          "Cordon",
+        ),
       ),
     ),
     tbody,
@@ -318,6 +347,8 @@ export function mount(root, ctx) {
     tableCaption.textContent =
       listed.length > shown.length ? `${what}: first ${shown.length} of ${listed.length}` : what;
     table.hidden = trs.length === 0;
+    // The cordon column only while a listed node is cordoned.
+    table.dataset.cordons = String(shown.some((n) => n.cordoned || n.cordon));
     replace(
       nodesStatus,
       trs.length
@@ -356,8 +387,14 @@ export function mount(root, ctx) {
     try {
       const jobs = await apiGet("jobs", {}, { signal: ctx.signal });
       const now = Date.now() / 1000;
-      const running = jobs.filter((j) => now - j.last_seen <= RUNNING_WITHIN_S).slice(0, MAX_JOBS);
-      const shownJobs = (running.length ? running : jobs).slice(0, MAX_JOBS);
+      // The active jobs, and those that ended within the last hour (with when they ended).
+      const running = jobs.filter(
+        (j) => !jobEnded(j) && jobState(j, now) !== "idle" && now - j.last_seen <= RECENT_S,
+      );
+      const recent = jobs.filter(
+        (j) => running.includes(j) || (jobEnded(j) && now - (j.ended_at ?? j.last_seen) <= RECENT_S),
+      );
+      const shownJobs = (recent.length ? recent : jobs).slice(0, MAX_JOBS);
       const goodputs = new Map();
       const flagged = new Set();
       await Promise.all([
@@ -371,7 +408,7 @@ export function mount(root, ctx) {
             goodputs.set(job.name, null);
           }
         }),
-        ...running.map(async (job) => {
+        ...running.slice(0, MAX_JOBS).map(async (job) => {
           if (stragglersMissing) return;
           try {
             const answer = await apiGet(`jobs/${encodeURIComponent(job.name)}/stragglers`, {}, { signal: ctx.signal });
@@ -391,7 +428,7 @@ export function mount(root, ctx) {
       }
       replace(
         jobsRoot,
-        running.length ? null : h("p", { class: "muted" }, "No job is running; the most recent:"),
+        running.length ? null : h("p", { class: "muted" }, recent.length ? "No job is running." : "No job is running; the most recent:"),
         h(
           "div",
           { class: "table-scroll" },
@@ -412,7 +449,7 @@ export function mount(root, ctx) {
                 h("th", { scope: "col", class: "num", title: "open incidents" }, "Open"),
               ),
             ),
-            h("tbody", {}, shownJobs.map((job) => jobRow(job, goodputs.get(job.name), now))),
+            h("tbody", {}, shownJobs.map((job) => jobRow(job, goodputs.get(job.name)))),
           ),
         ),
         goodputMissing ? h("p", { class: "muted note" }, "Goodput is not available on this server yet.") : null,

@@ -153,7 +153,13 @@ class Cluster:
     def start_agent(self, node: str, gpus: int = 2) -> Proc:
         spool = self.data_dir / f"spool-{node}"
         spool.mkdir()
-        env = {"TRAINGUARD_AGENT_SPOOL_DIR": str(spool), "TRAINGUARD_AGENT_INTERVAL": "0.5"}
+        env = {
+            "TRAINGUARD_AGENT_SPOOL_DIR": str(spool),
+            "TRAINGUARD_AGENT_INTERVAL": "0.5",
+            # A socket of its own: the well-known one (/run/trainguard as root) is one per
+            # host, and a live agent's socket is never taken.
+            "TRAINGUARD_AGENT_SOCKET_PATH": str(self.data_dir / f"{node}.sock"),
+        }
         proc = self.start(
             f"agent-{node}",
             [
@@ -292,9 +298,18 @@ class JobFeed:
 
 @pytest.fixture(scope="module")
 def job_feed(cluster: Cluster) -> Iterator[JobFeed]:
-    """JOB: 8 ranks on JOB_NODES, 80 steps of history (SLOW_RANK 1.6x slower), then a step
-    a second for as long as the module's tests run."""
-    seed = JobSeed(JOB, JOB_NODES, ranks_per_node=4, steps=80, slow_rank=SLOW_RANK)
+    """JOB: 8 ranks on JOB_NODES, under NVRx's Wrapper and ft_launcher, 80 steps of
+    history (SLOW_RANK 1.6x slower), then a step a second for as long as the module's
+    tests run."""
+    seed = JobSeed(
+        JOB,
+        JOB_NODES,
+        ranks_per_node=4,
+        steps=80,
+        slow_rank=SLOW_RANK,
+        in_process=True,
+        launcher="ft_launcher",
+    )
     feed = JobFeed(cluster, seed, step=80)
     feed.start()
     cluster.wait(lambda: cluster.api(f"jobs/{JOB}")["world_size"] == 8, "the job never reported")

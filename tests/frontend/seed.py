@@ -19,7 +19,9 @@ def agent_id() -> str:
 @dataclass
 class JobSeed:
     """A job of `len(nodes) * ranks_per_node` ranks, `steps` steps of about `step_s`
-    seconds each, ending now; `slow_rank` runs `slow_factor` times slower."""
+    seconds each, ending now; `slow_rank` runs `slow_factor` times slower. `in_process`
+    and `launcher` are what its ranks declare through the SDK (None: nothing, as an older
+    SDK); a test may change them while a feed runs."""
 
     name: str
     nodes: list[str]
@@ -31,6 +33,9 @@ class JobSeed:
     attempt: int = 0
     iteration: int = 0
     seed: int = 7
+    in_process: bool | None = None
+    launcher: str | None = None
+    display_name: str | None = None
     _agents: dict[str, str] = field(default_factory=dict)
     _seq: dict[str, int] = field(default_factory=dict)
 
@@ -81,6 +86,7 @@ class JobSeed:
                     "last_heartbeat": now,
                     "last_step": first_step + count - 1,
                     "alive": True,
+                    **self._declared(),
                 }
                 for rank in ranks
             ]
@@ -94,6 +100,59 @@ class JobSeed:
                     "simulated": True,
                     "steps": steps,
                     "ranks": status,
+                }
+            )
+        return out
+
+    def _declared(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.in_process is not None:
+            out["in_process"] = self.in_process
+        if self.launcher is not None:
+            out["launcher"] = self.launcher
+        if self.display_name is not None:
+            out["display_name"] = self.display_name
+        return out
+
+    def exit_batches(self, now: float, exit_code: int = 0) -> list[dict[str, Any]]:
+        """What the agents send when every rank of the job has exited with `exit_code`:
+        each rank's `rank_exit` event and its status, no longer alive."""
+        out = []
+        for n, node in enumerate(self.nodes):
+            ranks = range(n * self.ranks_per_node, (n + 1) * self.ranks_per_node)
+            self._seq[node] = self._seq.get(node, 0) + 1
+            out.append(
+                {
+                    "node": node,
+                    "agent_id": self._agents.setdefault(node, agent_id()),
+                    "seq": self._seq[node],
+                    "sent_at": now,
+                    "simulated": True,
+                    "events": [
+                        {
+                            "kind": "rank_exit",
+                            "ts": now,
+                            "job": self.name,
+                            "rank": rank,
+                            "data": {"exit_code": exit_code},
+                        }
+                        for rank in ranks
+                    ],
+                    "ranks": [
+                        {
+                            "job": self.name,
+                            "rank": rank,
+                            "pid": 40000 + rank,
+                            "local_rank": rank - n * self.ranks_per_node,
+                            "world_size": self.world_size,
+                            "attempt": self.attempt,
+                            "iteration": self.iteration,
+                            "last_heartbeat": now,
+                            "alive": False,
+                            **self._declared(),
+                        }
+                        for rank in ranks
+                    ],
                 }
             )
         return out

@@ -1,8 +1,10 @@
 """Every view of the dashboard in a real browser against a real server and a real
 simulated agent, with a training job reported over the real ingest route (JobFeed): the
 node grid, the node's charts and counters, XIDs with their catalog meaning arriving live,
-the job's heatmap and charts, a manual restart through the confirmation dialog whose
-incident timeline fills in as the (test's) agent acks each phase, and cordon."""
+the job's heatmap and charts, its state and capabilities, a manual restart through the
+confirmation dialog (offering only the levels the job supports, a refusal shown in words)
+whose incident timeline fills in as the (test's) agent acks each phase, a finished job,
+and cordon / readmit."""
 
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ def test_the_overview_draws_every_node_as_a_tile_reachable_from_the_keyboard(
     )
     job_row = page.locator(f'.jobs-table tr[data-job="{JOB}"]')
     expect(job_row).to_have_attribute("data-running", "true")
+    expect(job_row.locator(".job-state")).to_have_text("running")
     expect(job_row.locator(".col-goodput")).to_have_text(re.compile(r"\d+\.\d %|n/a"))
     # One tab stop for the whole grid; arrows move, Enter opens the node.
     first = grid.locator("a.tile").first
@@ -71,6 +74,7 @@ def test_the_overview_draws_every_node_as_a_tile_reachable_from_the_keyboard(
     expect(page).to_have_url(re.compile(rf"#/nodes/{re.escape(name)}"))
     page.go_back()
     expect(grid.locator("a.tile").first).to_be_visible()
+    expect(job_row.locator(".col-goodput")).to_have_text(re.compile(r"\d+\.\d %|n/a"))
     screenshot(page, "overview")
 
 
@@ -138,6 +142,8 @@ def test_the_job_page_draws_the_step_heatmap_charts_and_goodput(
     page.goto(f"{cluster.url}/#/jobs")
     row = page.locator(f'.jobs-table tr[data-job="{JOB}"]')
     expect(row).to_have_attribute("data-running", "true")
+    expect(row.locator(".job-state")).to_have_text("running")
+    expect(row.locator(".job-state")).to_have_class(re.compile(r"\bjob-state-running\b"))
     screenshot(page, "jobs")
     row.get_by_role("link", name=JOB).click()
 
@@ -157,7 +163,18 @@ def test_the_job_page_draws_the_step_heatmap_charts_and_goodput(
         "n => Number(document.querySelector('#step-heatmap').dataset.steps) > n",
         arg=before if before < 300 else 0,
     )
-    facts = page.locator(".facts")
+    facts = page.locator(".facts").first
+    expect(page.locator(".state-slot .job-state")).to_have_text("running")
+    # What its ranks declared: all under NVRx's Wrapper, under ft_launcher.
+    caps = page.locator("#capabilities")
+    expect(caps.locator('[data-field="in-process"]')).to_contain_text("yes")
+    expect(caps.locator('[data-field="launchers"]')).to_contain_text("ft_launcher")
+    expect(caps.locator('[data-field="levels"]')).to_have_attribute(
+        "data-levels", "in_process,launcher"
+    )
+    # Every rank declared the same: the capabilities say it, not a column per rank.
+    expect(page.locator("#step-heatmap")).to_have_attribute("data-ranks", "8")
+    expect(page.locator(".ranks-table thead")).not_to_contain_text("Runs under")
     expect(facts.locator('[data-field="attempt"]')).to_have_text("0")
     expect(facts.locator('[data-field="iteration"]')).to_have_text("0")
     # Stragglers, goodput and advice: the analytics' answers, or an honest "not available".
@@ -188,6 +205,10 @@ def test_a_manual_restart_from_the_job_page_opens_its_incident_and_the_timeline_
     expect(page.get_by_role("button", name="Restart…")).to_be_focused()
 
     page.keyboard.press("Enter")
+    # The job runs under the Wrapper and a launcher: both levels, the cheapest first.
+    options = dialog.get_by_label("Level").locator("option")
+    expect(options).to_have_count(2)
+    assert options.evaluate_all("els => els.map(e => e.value)") == ["in_process", "launcher"]
     dialog.get_by_label("Level").select_option("in_process")
     dialog.get_by_role("button", name="Restart").click()  # no reason yet: refused in place
     expect(dialog.locator(".dialog-message")).to_contain_text("required")
@@ -234,6 +255,151 @@ def test_a_manual_restart_from_the_job_page_opens_its_incident_and_the_timeline_
     screenshot(page, "incidents")
 
 
+def test_the_restart_dialog_offers_only_the_jobs_levels_and_says_why_one_is_refused(
+    signed_in: Page, cluster: Cluster, screenshot: Screenshot
+) -> None:
+    name = "wrap-job"
+    seed = JobSeed(
+        name,
+        ["wrap-node-1"],
+        ranks_per_node=2,
+        steps=20,
+        slow_rank=None,
+        in_process=True,
+        launcher="torchrun",
+    )
+
+    def levels() -> list[str]:
+        return cluster.api(f"jobs/{name}")["capabilities"]["levels"]
+
+    feed = JobFeed(cluster, seed, step=20)
+    feed.start()
+    try:
+        cluster.wait(lambda: levels() == ["in_process", "launcher"], "the job never declared both")
+        page = signed_in
+        page.goto(f"{cluster.url}/#/jobs/{name}")
+        expect(page.locator('#capabilities [data-field="in-process"]')).to_contain_text("yes")
+        page.get_by_role("button", name="Restart…").click()
+        dialog = page.get_by_role("dialog")
+        level = dialog.get_by_label("Level")
+        expect(level.locator("option")).to_have_count(2)
+
+        # Its ranks restart without the Wrapper while the dialog is open: the server refuses
+        # in_process with 409, and the dialog says why in words and stays open.
+        seed.in_process = False
+        cluster.wait(lambda: levels() == ["launcher"], "the new declaration never arrived")
+        level.select_option("in_process")
+        dialog.get_by_label("Reason").fill("browser test: a level the job lost")
+        dialog.get_by_role("button", name="Restart").click()
+        message = dialog.locator(".dialog-message")
+        expect(message).to_contain_text("Refused by the server")
+        expect(message).to_contain_text("Wrapper")
+        expect(message).not_to_contain_text("409")
+        expect(dialog).to_be_visible()
+        # The page re-read what the job can do.
+        expect(page.locator('#capabilities [data-field="in-process"]')).to_contain_text("no")
+        screenshot(page, "job-restart-refused")
+        page.keyboard.press("Escape")
+        expect(dialog).to_have_count(0)
+        assert cluster.api(f"incidents?job={name}") == []  # nothing was changed
+
+        # A job without the Wrapper is offered the launcher level only, and told why.
+        page.get_by_role("button", name="Restart…").click()
+        expect(level.locator("option")).to_have_count(1)
+        expect(level.locator("option")).to_have_attribute("value", "launcher")
+        expect(dialog.locator(".field-help")).to_contain_text("In-process is not offered")
+        page.keyboard.press("Escape")
+        expect(page.locator('#capabilities [data-field="levels"]')).to_have_attribute(
+            "data-levels", "launcher"
+        )
+    finally:
+        feed.stop()
+
+
+def test_the_ranks_that_run_without_the_wrapper_are_named_on_the_job_page(
+    signed_in: Page, cluster: Cluster
+) -> None:
+    name = "mixed-job"
+    seed = JobSeed(
+        name,
+        ["mixed-node-1", "mixed-node-2"],
+        ranks_per_node=2,
+        steps=5,
+        slow_rank=None,
+        in_process=True,
+        launcher="torchrun",
+    )
+    first, second = seed.batches(time.time())
+    for status in second["ranks"]:  # the second node's ranks run without the Wrapper
+        status["in_process"] = False
+    for body in (first, second):
+        cluster.api("ingest", body)
+    page = signed_in
+    page.goto(f"{cluster.url}/#/jobs/{name}")
+    ranks = page.locator(".ranks-table tbody tr")
+    expect(ranks).to_have_count(4)
+    expect(page.locator(".ranks-table thead")).to_contain_text("Runs under")
+    expect(ranks.nth(0).locator('[data-field="in-process"]')).to_have_text("Wrapper")
+    expect(ranks.nth(0).locator('[data-field="launcher"]')).to_have_text("torchrun")
+    expect(ranks.nth(2).locator('[data-field="in-process"]')).to_have_text("no Wrapper")
+
+
+def test_a_finished_job_says_so_and_when_it_ended_on_the_overview_the_jobs_list_and_its_page(
+    signed_in: Page, cluster: Cluster, job_feed: JobFeed, screenshot: Screenshot
+) -> None:
+    name = "finished-job"
+    seed = JobSeed(
+        name,
+        ["done-node-1"],
+        ranks_per_node=2,
+        steps=20,
+        slow_rank=None,
+        launcher="torchrun",
+        in_process=False,
+        display_name="pretrain-3f2a",
+    )
+    for body in seed.batches(time.time()):
+        cluster.api("ingest", body)
+    ended = time.time()
+    for body in seed.exit_batches(ended, exit_code=0):
+        cluster.api("ingest", body)
+    job = cluster.wait(
+        lambda: (j := cluster.api(f"jobs/{name}"))["state"] == "finished" and j,
+        "the job never finished",
+    )
+    assert job["ended_at"] is not None
+
+    page = signed_in
+    page.goto(cluster.url + "/#/")
+    row = page.locator(f'.jobs-table tr[data-job="{name}"]')
+    expect(row).to_have_attribute("data-state", "finished")
+    expect(row.locator(".job-state")).to_have_text("finished")
+    expect(row.locator(".job-state")).to_have_class(re.compile(r"\bjob-state-finished\b"))
+    expect(row.locator(".job-ended time")).to_have_attribute("data-ts", str(job["ended_at"]))
+    expect(row.get_by_role("link", name="pretrain-3f2a")).to_be_visible()
+    # The running job keeps its own, different badge.
+    expect(page.locator(f'.jobs-table tr[data-job="{JOB}"] .job-state')).to_have_text("running")
+
+    page.get_by_role("link", name="Jobs", exact=True).first.click()
+    row = page.locator(f'.jobs-table tr[data-job="{name}"]')
+    expect(row.locator(".job-state")).to_have_text("finished")
+    expect(row.locator(".job-ended")).to_contain_text("ended")
+    screenshot(page, "jobs-finished")
+
+    row.get_by_role("link", name="pretrain-3f2a").click()
+    expect(page.locator(".state-slot .job-state")).to_have_text("finished")
+    expect(page.get_by_role("heading", level=1)).to_contain_text("pretrain-3f2a")
+    facts = page.locator(".facts").first
+    expect(facts.locator('[data-field="ended"] time')).to_have_attribute(
+        "data-ts", str(job["ended_at"])
+    )
+    expect(facts.locator('[data-field="state-reason"]')).to_contain_text("exited 0")
+    # Nothing to restart: the control says so instead of failing on a click.
+    expect(page.get_by_role("button", name="Restart…")).to_be_disabled()
+    expect(page.locator("#restart-note")).to_contain_text("finished")
+    screenshot(page, "job-finished")
+
+
 def test_cordon_and_uncordon_need_a_confirmed_reason(signed_in: Page, cluster: Cluster) -> None:
     node = "cordon-node-1"
     cluster.api("ingest", xid_batch(node, 63, time.time()))
@@ -248,15 +414,27 @@ def test_cordon_and_uncordon_need_a_confirmed_reason(signed_in: Page, cluster: C
     page.keyboard.press("Tab")  # Cordon
     page.keyboard.press("Enter")
     expect(dialog).to_have_count(0)  # closed once the server said yes
-    assert cluster.node(node)["status"] == "cordoned"
-    expect(page.get_by_role("button", name="Uncordon…")).to_be_visible()
-    expect(page.locator(".facts")).to_contain_text("cordoned")
-    page.get_by_role("button", name="Uncordon…").click()
+    # (The server commits just after it answers: wait until the change is visible.)
+    cluster.wait(lambda: cluster.node(node)["status"] == "cordoned", "the node was not cordoned")
+    # The cordon panel: who and why, and the readmit control.
+    panel = page.locator("#cordon-panel")
+    expect(panel.locator('[data-field="cordon-by"]')).to_have_text("admin")
+    expect(panel.locator('[data-field="cordon-reason"]')).to_have_text(
+        "HBM errors: drain before the swap"
+    )
+    expect(page.get_by_role("button", name="Cordon…")).to_be_hidden()
+    expect(page.locator(".facts").first).to_contain_text("cordoned")
+    page.get_by_role("button", name="Readmit…").click()
     dialog.get_by_label("Reason (audited)").fill("swapped")
-    dialog.get_by_role("button", name="Uncordon").click()
+    dialog.get_by_role("button", name="Readmit").click()
     expect(dialog).to_have_count(0)
-    assert cluster.node(node)["cordoned"] is False
+    cluster.wait(lambda: cluster.node(node)["cordoned"] is False, "the node was not readmitted")
     expect(page.get_by_role("button", name="Cordon…")).to_be_visible()
+    expect(page.get_by_role("button", name="Cordon…")).to_be_focused()
+    # Its history keeps both: cordoned by admin, readmitted by admin with the reason.
+    first = panel.locator(".cordons-table tbody tr").first
+    expect(first).to_have_attribute("data-open", "false")
+    expect(first).to_contain_text("swapped")
 
 
 @pytest.fixture
