@@ -177,7 +177,10 @@ def create_app(settings: Settings) -> FastAPI:
     async def nodes_snapshot() -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
             with sessions() as s:
-                return cluster_service.list_nodes(s, settings.node_down_after_s)
+                r = settings.policy.model.readmission
+                return cluster_service.list_nodes(
+                    s, settings.node_down_after_s, (r.repair_after, r.repair_window_s)
+                )
 
         return await asyncio.to_thread(read)
 

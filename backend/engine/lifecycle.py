@@ -44,14 +44,15 @@ def job_states(d: Decider, session: Session, now: float) -> None:
     ).all()
     wait = d.policy.model.escalation.relaunch_wait_s
     for job in jobs:
-        inc = session.scalar(
+        active = session.scalars(
             select(Incident)
             .where(Incident.job_id == job.id, Incident.status.in_(ACTIVE_STATUSES))
             .order_by(Incident.id.desc())
-            .limit(1)
-        )
-        if inc is not None and inc.outcome.startswith(WAITING):
+        ).all()
+        if any(i.outcome.startswith(WAITING) for i in active):
             continue  # waiting_jobs' business
+        # The incident that says most: an action under way, else the newest.
+        inc = next((i for i in active if _under_way(i)), active[0] if active else None)
         ranks = session.execute(
             select(Rank.rank, Rank.alive, Rank.updated_at).where(Rank.job_id == job.id)
         ).all()
