@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.invariants import check as check_invariants
 from tests.support import AUTH, TOKEN, free_port, wait_for
 
 from .conftest import HERE, ROOT
@@ -90,6 +91,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+    check_invariants(f"sqlite:///{tmp_path / 'data' / 'trainguard.db'}")
 
 
 def job_is_live(url: str, ranks: int) -> bool:

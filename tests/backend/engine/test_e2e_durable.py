@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from agent import wire
+from tests.invariants import check as check_invariants
 from tests.support import AUTH, TOKEN, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -121,6 +122,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     yield s
     for p in reversed(s.procs):
         s.stop(p)
+    check_invariants(f"sqlite:///{tmp_path / 'data' / 'trainguard.db'}")
 
 
 def test_a_decision_survives_a_backend_restart_and_runs_once(stack: Stack) -> None:
