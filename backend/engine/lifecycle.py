@@ -63,7 +63,8 @@ def job_states(d: Decider, session: Session, now: float) -> None:
         last = max(t for _, _, t in ranks)
         exits = _last_exits(session, job.name, last - LOOKBACK_S)
         clean = all(r in exits and clean_exit(exits[r][1]) for r, _, _ in ranks)
-        if clean and now - last >= END_GRACE_S and inc is None:
+        if clean and now - last >= END_GRACE_S and not _under_way(inc):
+            # (An exclusion held for an operator stays pending: it is about the node.)
             ended = max((exits[r][0] for r, _, _ in ranks), default=last)
             _set(d, job, "finished", now, "every rank exited 0", ended)
         elif not clean and now - last >= max(wait, END_GRACE_S) and not _under_way(inc):

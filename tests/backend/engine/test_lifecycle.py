@@ -169,3 +169,35 @@ def test_a_wrapped_job_gets_in_process(make_cluster: Any) -> None:
     c.decide()
     (inc,) = c.incidents("job")
     assert inc["level"] == "in_process"
+
+
+def test_a_job_finishes_while_an_exclusion_waits_for_an_operator(make_cluster: Any) -> None:
+    # bench chaos: a breaker-held exclusion kept its finished job "running" forever.
+    c = make_cluster("[limits]\ncooldown_s = 0\n")
+    c.job("job", {"n1": (0,), "n2": (1,), "n3": (2,)})
+    c.event("n1", "xid", xid=79, gpu_uuid="GPU-n1-0")
+    c.decide()
+    c.recover()
+    c.clock.advance(1)
+    c.event("n2", "xid", xid=79, gpu_uuid="GPU-n2-0")
+    c.decide()
+    assert [i["status"] for i in c.incidents("job")] == ["resolved", "pending"]
+    c.clock.advance(1)
+    for node, r in (("n1", 0), ("n2", 1), ("n3", 2)):
+        c.post(
+            node,
+            ranks=[wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False)],
+            events=[
+                wire.Event(
+                    kind="rank_exit",
+                    ts=c.clock.t,
+                    job="job",
+                    rank=r,
+                    data={"exit_code": 0, "clean": True},
+                )
+            ],
+        )
+    c.clock.advance(10)
+    c.decide()
+    assert c.client.get("/api/v1/jobs/job").json()["state"] == "finished"
+    assert c.incidents("job")[1]["status"] == "pending"  # the node's case waits
