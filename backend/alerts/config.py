@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -30,16 +30,7 @@ AlertKind = Literal[
     "job_waiting",
     "test",
 ]
-ALERT_KINDS: tuple[AlertKind, ...] = (
-    "incident_opened",
-    "incident_resolved",
-    "incident_failed",
-    "escalation",
-    "stop_job",
-    "needs_approval",
-    "job_waiting",
-    "test",
-)
+ALERT_KINDS: tuple[AlertKind, ...] = get_args(AlertKind)
 
 
 class AlertsConfigError(ValueError):
