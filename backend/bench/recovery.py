@@ -36,9 +36,12 @@ exception, hang) compares one fixed reaction to every fault with trainguard choo
 Measured from what the agents saw (the SDK's step reports and its "injecting fault" log):
 recovery per fault = fault -> first step completed after it (started after it), of the
 slowest rank; wasted steps = fault step - the step training resumed at; wall time = launch
--> every launcher exited 0; productive time = for each step, the duration of its last
-execution (earliest start to latest end over the ranks); training efficiency = productive
-time / wall time.
+-> every launcher exited 0; productive time = the time covered by the steps' last
+executions, where a step's last execution is the latest generation's run of it (the ranks'
+reports of that step that overlap in time: earliest start to latest end), and an instant
+two steps' spans share counts once; training efficiency = productive time / wall time,
+never above the first step start -> last step end / wall time
+(`recovery_analysis.last_executions`, `covered`).
 """
 
 from __future__ import annotations

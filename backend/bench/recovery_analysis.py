@@ -5,6 +5,7 @@ accounting over the same records."""
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from typing import Any
@@ -60,6 +61,47 @@ def trainguard_goodput(
     }
 
 
+def last_executions(steps: list[Any]) -> dict[int, tuple[float, float]]:
+    """For each step number, the span (earliest start, latest end) of its last execution.
+
+    One execution of a step is one generation's reports of it: in lock-step training every
+    rank is inside the step when its all-reduce completes, so those reports overlap in
+    time, while a restart separates two executions of the same step. The reports of a step
+    are grouped by that overlap, and the group that ended last is the last execution.
+
+    Grouping by (step, rank) instead, and merging each rank's own last execution, mixes
+    generations when a rank's report of a redone step is missing (the SDK sends its queue
+    once a second, so a SIGKILLed rank and the node-mates its launcher ends lose their last
+    second of reports): the merged span then runs from one generation's execution to the
+    next one's, across the restart between them."""
+    by_step: dict[int, list[tuple[float, float]]] = {}
+    for s in steps:
+        by_step.setdefault(s.step, []).append((float(s.start), float(s.end)))
+    last: dict[int, tuple[float, float]] = {}
+    for n, spans in by_step.items():
+        spans.sort()
+        b, e = spans[0]
+        for sb, se in spans[1:]:
+            if sb > e:  # a later execution: the one before it is not the last
+                b, e = sb, se
+            else:
+                e = max(e, se)
+        last[n] = (b, e)
+    return last
+
+
+def covered(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of the spans: an instant two steps' spans share (one
+    rank already in step n + 1 while a slower one finishes step n) counts once, so the sum
+    can never exceed the time from the first start to the last end."""
+    total, reach = 0.0, -math.inf
+    for b, e in sorted(spans):
+        if e > reach:
+            total += e - max(b, reach)
+            reach = e
+    return total
+
+
 def fired_faults(events: list[Any]) -> list[tuple[float, int, int, int]]:
     """(ts, index, rank, step) of each fault, from the SDK's "injecting fault" log."""
     fired = []
@@ -102,16 +144,12 @@ def analyse(
                 "wasted_steps": max(0, fstep - resumed),
             }
         )
-    last: dict[tuple[int, int], Any] = {}  # (step, rank) -> its last execution
     runs: dict[tuple[int, int], int] = {}
     for s in steps:
-        last[(s.step, s.rank)] = s
         runs[(s.step, s.rank)] = runs.get((s.step, s.rank), 0) + 1
-    by_step: dict[int, list[Any]] = {}
-    for (n, _r), s in last.items():
-        by_step.setdefault(n, []).append(s)
-    productive = sum(max(s.end for s in v) - min(s.start for s in v) for v in by_step.values())
-    durations = sorted(max(s.end for s in v) - min(s.start for s in v) for v in by_step.values())
+    last = last_executions(steps)
+    productive = covered(list(last.values()))
+    durations = sorted(e - b for b, e in last.values())
     recovered = [f["recovery_s"] for f in per_fault if f["recovered"]]
     wall = end - t0
     first_start = min((s.start for s in steps), default=end)
@@ -132,7 +170,7 @@ def analyse(
             (sum(c - 1 for (n, r), c in runs.items() if r == rank) for rank in range(world)),
             default=0,
         ),
-        "steps_done": (max(by_step) + 1) if by_step else 0,
+        "steps_done": (max(last) + 1) if last else 0,
         "step_median_s": round(durations[len(durations) // 2], 4) if durations else None,
         "wall_s": round(wall, 2),
         "startup_s": round(first_start - t0, 2),

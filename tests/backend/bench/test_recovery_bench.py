@@ -1,13 +1,17 @@
-"""The recovery bench's mode set-up and its reading of the engine's incidents (pure
-functions; the timed runs are `trainguard bench recovery`, docs/benchmarks-recovery.md)."""
+"""The recovery bench's mode set-up, its reading of the agents' step reports and of the
+engine's incidents (pure functions on synthetic records; the timed runs are
+`trainguard bench recovery`, docs/benchmarks-recovery.md)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from agent.wire import Event, StepReport
 from backend.bench import recovery
+from backend.bench.recovery_analysis import analyse
 from backend.bench.recovery_engine import decisions_per_fault, decisions_table, who_reacted
 
 T = 1_800_000_000.0
@@ -37,6 +41,69 @@ def test_only_the_engine_mode_defers_exceptions_to_trainguard() -> None:
     assert recovery.launch_kwargs("engine", 5, engine_defer_s=0).get("extra_args") is None
     with pytest.raises(ValueError, match="unknown mode"):
         recovery.launch_kwargs("always_in_process", 5)
+
+
+def _steps(
+    ranks: range | tuple[int, ...], steps: range, first_start: float, attempt: int
+) -> list[Any]:
+    """Lock-step 0.5 s steps of `ranks`, the first of `steps` starting at `first_start`."""
+    return [
+        StepReport(
+            job="bench",
+            rank=r,
+            step=n,
+            start=first_start + 0.5 * (n - steps[0]),
+            end=first_start + 0.5 * (n - steps[0] + 1),
+            attempt=attempt,
+        )
+        for n in steps
+        for r in ranks
+    ]
+
+
+def _fault(ts: float, index: int, rank: int, step: int) -> Any:
+    msg = f"injecting fault {index}: sigkill on rank {rank} at step {step}"
+    return Event(kind="log", ts=ts, job="bench", rank=rank, message=msg)
+
+
+def test_a_step_redone_after_a_launcher_restart_counts_only_its_last_execution() -> None:
+    """Two SIGKILLs under ft_launcher (4 ranks, node0 = ranks 0-1, node1 = ranks 2-3), the
+    second while the first's redo is still within the SDK's 1 s send interval: the killed
+    rank and its node-mate lose their reports of the redone steps 5-7. The old analysis took
+    each rank's own last execution of a step and merged them over the ranks, so steps 5-7
+    ran from generation 0's start (ranks 0-1) to generation 1's end (ranks 2-3), 9.5 s each
+    across the restart: 37 s of productive time in 29 s of wall time (127.6 %)."""
+    steps = (
+        _steps(range(4), range(0, 8), T + 1, attempt=0)  # fault 0 at step 8, resume at 4
+        + _steps(range(2, 4), range(4, 12), T + 12, attempt=1)  # fault 1 at 12, resume at 8
+        + _steps(range(2), range(4, 5), T + 12, attempt=1)  # node0: only the first step came
+        + _steps(range(4), range(8, 20), T + 22, attempt=2)
+    )
+    events = [_fault(T + 5.0, 0, 2, 8), _fault(T + 16.0, 1, 1, 12)]
+    out = analyse(SimpleNamespace(steps=steps, events=events), T, T + 29)
+    # 20 steps of 0.5 s, each once: steps 0-3 of generation 0, 4-7 of 1, 8-19 of 2
+    assert out["productive_s"] == 10.0
+    assert out["wall_s"] == 29.0
+    assert out["train_span_s"] == 27.0
+    assert out["efficiency"] == round(10 / 29, 4) == 0.3448
+    assert out["efficiency_span"] == round(10 / 27, 4) == 0.3704
+    assert out["steps_done"] == 20
+    assert out["step_median_s"] == 0.5
+    assert [f["recovery_s"] for f in out["per_fault"]] == [7.5, 6.5]
+    assert out["wasted_steps"] == 8
+
+
+def test_steps_of_skewed_ranks_overlap_and_count_once() -> None:
+    """Rank 1 runs 0.25 s behind rank 0 (descheduled on a shared core): rank 0 starts step
+    n + 1 while rank 1 finishes step n. Summed per step, the 10 steps made 7.5 s of
+    productive time in a 5.25 s training span (143 %); covered once, 5.25 s."""
+    steps = _steps((0,), range(10), T + 1, attempt=0) + _steps((1,), range(10), T + 1.25, 0)
+    out = analyse(SimpleNamespace(steps=steps, events=[]), T, T + 7, world=2)
+    assert out["productive_s"] == 5.25
+    assert out["train_span_s"] == 5.25
+    assert out["efficiency_span"] == 1.0
+    assert out["efficiency"] == 0.75
+    assert out["step_median_s"] == 0.75
 
 
 def _cmd(cid: str, node: str, action: str, issued: float, *acks: tuple[str, float, str]) -> Any:
