@@ -60,9 +60,12 @@ def job_states(d: Decider, session: Session, now: float) -> None:
             state = "restarting" if _under_way(inc) else "running"
             _set(d, job, state, now, "")
             continue
-        last = max(t for _, _, t in ranks)
-        exits = _last_exits(session, job.name, last - LOOKBACK_S)
+        reported = max(t for _, _, t in ranks)
+        exits = _last_exits(session, job.name, reported - LOOKBACK_S)
         clean = all(r in exits and clean_exit(exits[r][1]) for r, _, _ in ranks)
+        # Since the last rank exited (agents go on reporting exited ranks for a while, so
+        # the ranks' report time says nothing about when the job ended).
+        last = max((exits[r][0] for r, _, _ in ranks if r in exits), default=reported)
         if clean and now - last >= END_GRACE_S and not _under_way(inc):
             # (An exclusion held for an operator stays pending: it is about the node.)
             ended = max((exits[r][0] for r, _, _ in ranks), default=last)

@@ -14,7 +14,7 @@ announces.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from backend.commands.service import NOTHING_HERE
@@ -28,6 +28,8 @@ from backend.models import Incident, Job, Node, Rank
 
 # A step-derived resumption waits this long for the agents' own `resumed` ack.
 RESUME_GRACE_S = 2.0
+# ... and, once a node acked `resumed`, this long for the others' acks.
+PARTIAL_GRACE_S = 10.0
 # The outcome of an action that found no live rank anywhere (actions.issue).
 NO_RANK = "no live rank of the job to restart"
 # The sweep looks at incidents acted on (or failed) this recently; older ones are left as
@@ -257,6 +259,10 @@ def _climb(
 
 
 def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
+    """Open incidents whose job resumed after the action although not every node acked
+    `resumed` (an agent that restarted meanwhile forgot the command, or none acked):
+    resolved from the job's steps, RESUME_GRACE_S after the step (PARTIAL_GRACE_S after
+    the first node's `resumed` ack, which the others normally follow within a second)."""
     rows = session.scalars(
         select(Incident)
         .where(
@@ -264,7 +270,7 @@ def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
             Incident.acted_at.is_not(None),
             Incident.acted_at <= now - RESUME_GRACE_S,
             Incident.acted_at >= now - LOOKBACK_S,
-            Incident.resumed_at.is_(None),
+            or_(Incident.resumed_at.is_(None), Incident.resumed_at <= now - PARTIAL_GRACE_S),
         )
         .with_for_update()
     ).all()
@@ -272,11 +278,16 @@ def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
         first = q.first_step_after(session, inc)
         if first is None or first.end > now - RESUME_GRACE_S:
             continue
-        inc.resumed_at = first.end
+        acked = inc.resumed_at is not None
+        inc.resumed_at = inc.resumed_at if acked else first.end
         inc.not_before = None  # a wait for the launcher's new generation ends here
         inc.status = "resolved"
         inc.closed_at = now
-        inc.outcome = "resumed (from the job's steps; no resumed ack)"
+        inc.outcome = (
+            "resumed (some nodes never acked resumed; the job's steps say it did)"
+            if acked
+            else "resumed (from the job's steps; no resumed ack)"
+        )
         if inc.lost_steps is None and inc.fault_step is not None:
             inc.lost_steps = max(0, inc.fault_step - first.step + 1)
         d.touched.add(inc.id)

@@ -200,3 +200,27 @@ def test_a_node_without_the_workers_does_not_fail_an_action_the_others_carry_out
     (inc,) = c.incidents("job")
     assert inc["status"] == "resolved" and inc["outcome"] == "resumed"
     assert c.client.get("/api/v1/jobs/job").json()["state"] != "stopped"
+
+
+def test_a_node_that_never_acks_resumed_does_not_keep_the_incident_open(
+    make_cluster: Any,
+) -> None:
+    # bench chaos: one node acked resumed, the other (its agent restarted meanwhile)
+    # never did; the incident stayed open for good while the job trained on.
+    c = make_cluster()
+    c.job("job", {"n1": (0,), "n2": (1,)})
+    c.event("n1", "rank_exit", job="job", rank=0, data={"signal": 9})
+    c.decide()
+    (inc,) = c.incidents("job")
+    cmds = {x["node"]: x["id"] for x in inc["commands"]}
+    c.clock.advance(5)
+    c.ack(cmds["n2"], "n2", "delivered", "torn_down")
+    for node, r in (("n1", 0), ("n2", 1)):
+        _steps(c, node, "job", (r,), 11, (1, 0))  # the new attempt trains
+    c.ack(cmds["n1"], "n1", "delivered", "torn_down", "restarted", "resumed")
+    c.decide()
+    assert c.incidents("job")[0]["status"] == "open"  # n2's ack may still come
+    c.clock.advance(11)
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "resolved" and "never acked resumed" in inc["outcome"]

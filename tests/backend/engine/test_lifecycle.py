@@ -201,3 +201,28 @@ def test_a_job_finishes_while_an_exclusion_waits_for_an_operator(make_cluster: A
     c.decide()
     assert c.client.get("/api/v1/jobs/job").json()["state"] == "finished"
     assert c.incidents("job")[1]["status"] == "pending"  # the node's case waits
+
+
+def test_a_job_is_finished_although_its_agent_goes_on_reporting_the_exited_ranks(
+    make_cluster: Any,
+) -> None:
+    # bench chaos: finished jobs read "running" for 1-2 minutes, because the agents keep
+    # sending the exited ranks' status and the end was taken from its report time.
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    end = c.clock.t
+    gone = [wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False) for r in (0, 1)]
+    c.post(
+        "n1",
+        ranks=gone,
+        events=[
+            wire.Event(kind="rank_exit", ts=end, job="job", rank=r, data={"exit_code": 0})
+            for r in (0, 1)
+        ],
+    )
+    for _ in range(4):
+        c.clock.advance(2)
+        c.post("n1", ranks=gone)  # the agent reports them again, as it does
+        c.decide()
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "finished" and job["ended_at"] == pytest.approx(end)
