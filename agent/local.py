@@ -535,7 +535,10 @@ class LocalServer:
             rec.addr = addr
             self._by_addr[addr] = pid
         iteration = int(msg.get("iteration", rec.iteration))
-        if iteration != rec.iteration:
+        # Within one process the Wrapper's iteration only grows: a lower one is a message
+        # sent before the restart that arrives after it (a heartbeat racing the
+        # iteration message), not a restart.
+        if iteration > rec.iteration:
             self._put_event(
                 "restart",
                 rec,

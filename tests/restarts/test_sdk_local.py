@@ -7,6 +7,7 @@ import errno
 import os
 import signal
 import time
+from typing import Any
 
 from agent import sdk
 from tests.support import wait_for
@@ -224,3 +225,37 @@ def test_the_first_step_of_a_generation_and_a_slow_step_are_sent_at_once(make_no
         wait_for(lambda: rec.last_step == 4, timeout=10)
     finally:
         tg.close()
+
+
+def test_a_heartbeat_sent_before_an_in_process_restart_is_not_a_second_restart(
+    make_node: Any,
+) -> None:
+    # CI: a heartbeat carrying the old iteration arrived after the iteration message;
+    # the agent saw 0 -> 1 -> 0 -> 1 and reported three in-process restarts.
+    import json
+    import socket as socketlib
+
+    node = make_node()
+    sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
+    path = str(node.agent.config.socket_path)
+    pid, t0 = os.getpid(), time.time()
+    sent = [("hello", 0), ("iteration", 1), ("heartbeat", 0), ("heartbeat", 1)]
+    try:
+        for n, (kind, it) in enumerate(sent):
+            msg = {
+                "t": kind,
+                "job": "job1",
+                "rank": 0,
+                "pid": pid,
+                "world_size": 1,
+                "ts": t0 + n,
+                "iteration": it,
+            }
+            sock.sendto(json.dumps(msg).encode(), path)
+        last = t0 + len(sent) - 1
+        wait_for(lambda: getattr(node.local.ranks.get(pid), "last_heartbeat", None) == last, 10)
+    finally:
+        sock.close()
+    assert node.local.ranks[pid].iteration == 1
+    restarts = [e for e in node.kinds("restart") if e.data.get("level") == "in_process"]
+    assert len(restarts) == 1
