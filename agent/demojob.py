@@ -4,13 +4,16 @@ Each launcher's workers talk to their own agent (one socket per imitated node, t
 TRAINGUARD_AGENT_SOCKET); both launchers meet in a c10d rendezvous on 127.0.0.1; the
 Wrapper's store is the one hosted at `store_port` (by the first node's agent, or
 `python -m agent.storehost`). The launcher flags are the ones measured in
-docs/restarts.md.
+docs/restarts.md, each passed only when the installed ft_launcher has it
+(`launcher_options` reads its `--help` once).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,6 +40,79 @@ def free_port(low: int = 20000, high: int = 32000) -> int:
     raise RuntimeError("no free port below 32768")
 
 
+# The measured ft_launcher configuration (docs/restarts.md), flag and value. Each is passed
+# only when the installed ft_launcher accepts it: NVRx 0.6 keeps `--ft-restart-policy` for
+# `any-failed` alone (its default) and may drop the flag; the others exist in 0.4.1-0.7.
+FT_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("--monitor-interval", "0.5"),
+    ("--workers-stop-timeout", "5"),
+    ("--ft-restart-policy", "min-healthy"),
+    ("--ft-enable-nic-monitor", "false"),
+    ("--ft-initial-rank-heartbeat-timeout", "60"),
+    ("--ft-rank-heartbeat-timeout", "20"),
+    ("--ft-workload-check-interval", "1"),
+)
+
+_OPTION = re.compile(r"(--?[A-Za-z0-9][\w-]*)(?: (\{[^}]*\}))?")
+
+
+def ft_launcher_head() -> list[str]:
+    """How to run this environment's ft_launcher."""
+    launcher = Path(sys.executable).with_name("ft_launcher")
+    if launcher.exists():
+        return [str(launcher)]
+    return [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher"]
+
+
+def parse_help_options(text: str) -> dict[str, frozenset[str] | None]:
+    """The options an argparse `--help` lists, each with its choices (None: any value).
+    Only the option lines count (two spaces, then a dash), not flags named in help prose."""
+    found: dict[str, frozenset[str] | None] = {}
+    for line in text.splitlines():
+        if not line.startswith("  -"):
+            continue
+        invocation = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        for flag, choices in _OPTION.findall(invocation):
+            found[flag] = frozenset(choices.strip("{}").split(",")) if choices else None
+    return found
+
+
+@functools.lru_cache(maxsize=4)
+def launcher_options(head: tuple[str, ...]) -> dict[str, frozenset[str] | None] | None:
+    """The options of the launcher run by `head`, from its `--help` (once per process);
+    None when it cannot tell (no such launcher, or it failed)."""
+    try:
+        out = subprocess.run(
+            [*head, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "COLUMNS": "1000"},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    options = parse_help_options(out.stdout)
+    return options if out.returncode == 0 and options else None
+
+
+def supported_options(
+    wanted: tuple[tuple[str, str], ...], options: dict[str, frozenset[str] | None] | None
+) -> list[str]:
+    """`wanted` as arguments, without the flags (or values) the launcher does not accept.
+    Unknown options (None): all of them, as measured."""
+    args: list[str] = []
+    for flag, value in wanted:
+        if options is not None:
+            if flag not in options:
+                continue
+            choices = options[flag]
+            if choices is not None and value not in choices:
+                continue
+        args += [flag, value]
+    return args
+
+
 def launcher_command(
     nnodes: int,
     nproc_per_node: int,
@@ -44,13 +120,10 @@ def launcher_command(
     job: str,
     max_restarts: int,
     train_args: list[str],
+    *,
+    script: str | os.PathLike[str] = TRAIN_SCRIPT,
 ) -> list[str]:
-    launcher = Path(sys.executable).with_name("ft_launcher")
-    head = (
-        [str(launcher)]
-        if launcher.exists()
-        else [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher"]
-    )
+    head = ft_launcher_head()
     return [
         *head,
         "--nnodes",
@@ -65,21 +138,8 @@ def launcher_command(
         job,
         "--max-restarts",
         str(max_restarts),
-        "--monitor-interval",
-        "0.5",
-        "--workers-stop-timeout",
-        "5",
-        "--ft-restart-policy",
-        "min-healthy",
-        "--ft-enable-nic-monitor",
-        "false",
-        "--ft-initial-rank-heartbeat-timeout",
-        "60",
-        "--ft-rank-heartbeat-timeout",
-        "20",
-        "--ft-workload-check-interval",
-        "1",
-        str(TRAIN_SCRIPT),
+        *supported_options(FT_OPTIONS, launcher_options(tuple(head))),
+        str(script),
         *train_args,
     ]
 
