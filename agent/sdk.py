@@ -65,6 +65,7 @@ __all__ = [
     "job_identity",
     "launcher_from_env",
     "probe_socket",
+    "shared_store_warning",
     "socket_candidates",
     "under_wrapper",
     "wire_name",
@@ -199,6 +200,33 @@ def launcher_from_env(env: Mapping[str, str] | None = None) -> str:
     if env.get("SLURM_JOB_ID"):
         return "slurm"
     return "none"
+
+
+def shared_store_warning(env: Mapping[str, str] | None = None) -> str:
+    """A line for workers that torchrun restarts on the rendezvous store of the previous
+    generation, "" otherwise. torch 2.13's elastic agent keeps one TCPStore for the life
+    of the launcher (the static rendezvous always, c10d unless
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) and gives its workers no per-restart key
+    prefix, so init_process_group of a new generation can read a dead peer's gloo (or
+    NCCL) address and fail with "Connection refused" (docs/restarts.md, "Plain torchrun
+    restarts"). ft_launcher is not concerned."""
+    env = os.environ if env is None else env
+    if launcher_from_env(env) != "torchrun":
+        return ""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return ""
+    try:
+        restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    except ValueError:
+        return ""
+    if restarts <= 0:
+        return ""
+    return (
+        "torchrun restarts this job on the store of its previous generation, where a new "
+        "process group can read a dead peer's address (Connection refused); launch with "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv-backend c10d, or build the process "
+        "group on a store prefix of its own per restart (docs/restarts.md)"
+    )
 
 
 def _script_name(argv0: str) -> str:
@@ -935,6 +963,8 @@ def attach(
                 f"no node agent reached ({problem}); training goes on, "
                 "its reports are dropped until an agent listens",
             )
+        if warning := shared_store_warning():
+            _say_once("store", warning)
         if ident.source == "master_address" and not job:
             _say_once(
                 "job",
