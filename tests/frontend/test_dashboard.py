@@ -15,6 +15,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.frontend.conftest import SIM_NODE, Cluster
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -145,11 +146,19 @@ def test_choosing_another_gpu_from_the_keyboard_charts_it(
 ) -> None:
     page = signed_in
     page.goto(f"{cluster.url}/#/nodes/{SIM_NODE}")
-    second = page.locator(".gpus-table tbody tr").nth(1)
+    rows = page.locator(".gpus-table tbody tr")
+    expect(rows).to_have_count(2)
+    second = rows.nth(1)
     uuid_ = second.get_attribute("data-uuid")
-    button = second.get_by_role("button", name="Show chart")
-    button.focus()
-    page.keyboard.press("Enter")
+
+    def choose() -> bool:
+        # A live update may re-render the table between focus and Enter (the focus goes
+        # with the old row): press again on the row as it is now.
+        second.get_by_role("button", name="Show chart").focus()
+        page.keyboard.press("Enter")
+        return page.locator("#gpu-chart").get_attribute("data-uuid") == uuid_
+
+    wait_for(choose, 20, 0.5)
     expect(page.locator("#gpu-chart")).to_have_attribute("data-uuid", uuid_ or "")
     expect(second.get_by_role("button")).to_have_attribute("aria-pressed", "true")
     expect(page.locator("#chart-heading")).to_contain_text("GPU 1")
