@@ -28,6 +28,9 @@ from backend.models import AuditLog, Command, Gpu, Incident, Job, Node
 log = logging.getLogger(__name__)
 
 ENGINE_ACTOR = "engine"
+# Outcome prefixes the sweeps recognise an incident's wait by (sweep.py, lifecycle.py).
+WAITING = "waiting: no schedulable node"
+NO_RANK = "no live rank of the job to restart"
 
 
 @dataclass(frozen=True)
@@ -243,10 +246,7 @@ class Actions:
             # (or gave up). Wait for its new generation; the sweep resolves or ends it.
             wait = self.policy.model.escalation.relaunch_wait_s
             inc.not_before = now + wait
-            inc.outcome = (
-                f"no live rank of the job to restart: waiting up to {wait:g} s for its "
-                "launcher's new generation"
-            )
+            inc.outcome = f"{NO_RANK}: waiting up to {wait:g} s for its launcher's new generation"
             self._count("nothing_to_restart")
             return 0
         reason = f"incident {inc.id}: {inc.cause} -> {inc.level}"
@@ -278,7 +278,7 @@ class Actions:
     ) -> None:
         names = sorted(n.name for n in (session.get(Node, i) for i in exclude) if n)
         inc.outcome = (
-            f"waiting: no schedulable node is left for the job ({', '.join(names)} "
+            f"{WAITING} is left for the job ({', '.join(names)} "
             "cordoned); it restarts when a node is readmitted"
         )
         if job.state != "waiting":

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from backend.cluster import cordons
 from backend.engine import queries as q
-from backend.engine.actions import ENGINE_ACTOR, HookJob, set_job_state
+from backend.engine.actions import ENGINE_ACTOR, WAITING, HookJob, set_job_state
 from backend.engine.decide import Decider
 from backend.engine.evidence import clean_exit
 from backend.models import JOB_ENDED, Event, Gpu, Incident, Job, Node, NodeCordon, Rank, Sample
@@ -29,7 +29,6 @@ from backend.models.control import ACTIVE_STATUSES
 END_GRACE_S = 5.0
 # Jobs and cordons looked at by the sweep: seen within this long.
 LOOKBACK_S = 3600.0
-WAITING = "waiting: no schedulable node"
 
 
 def job_states(d: Decider, session: Session, now: float) -> None:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from backend.commands.service import NOTHING_HERE
 from backend.engine import queries as q
-from backend.engine.actions import ENGINE_ACTOR, HookJob
+from backend.engine.actions import ENGINE_ACTOR, NO_RANK, HookJob
 from backend.engine.decide import Decider
 from backend.engine.evidence import JOB_CAUSES, Evidence
 from backend.engine.hooks import HookResult
@@ -30,8 +30,6 @@ from backend.models import Incident, Job, Node, Rank
 RESUME_GRACE_S = 2.0
 # ... and, once a node acked `resumed`, this long for the others' acks.
 PARTIAL_GRACE_S = 10.0
-# The outcome of an action that found no live rank anywhere (actions.issue).
-NO_RANK = "no live rank of the job to restart"
 # The sweep looks at incidents acted on (or failed) this recently; older ones are left as
 # they are (an operator sees them open or failed), so each sweep stays small.
 LOOKBACK_S = 3600.0
