@@ -495,7 +495,16 @@ def test_a_dry_run_recommendation_waits_for_an_operator_who_approves_it(
         expect(page.locator(".pending-item")).to_have_count(0)
         answer = cluster.api(f"incidents/{incident_id}")
         assert answer["status"] in ("open", "resolved")
-        assert any(d.get("mode") == "approved" for d in answer["decisions"])
+        answered = [d for d in answer["decisions"] if d.get("mode") == "approval"]
+        assert [d["why"] for d in answered] == ["NaN loss, restart in place"]
+        # The engine carries the approval out at its next cycle, not within the request.
+        cluster.wait(
+            lambda: any(
+                d.get("mode") == "approved"
+                for d in cluster.api(f"incidents/{incident_id}")["decisions"]
+            ),
+            "the engine never carried out the approved recommendation",
+        )
 
         page.goto(f"{cluster.url}/#/incidents/{incident_id}")
         expect(page.locator(".decisions")).to_contain_text("NaN loss, restart in place")
