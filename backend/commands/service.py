@@ -157,7 +157,7 @@ def record_ack(session: Session, command_id: str, ack: wire.Ack) -> bool:
 
 
 def _advance_incident(session: Session, incident_id: int, cmd: Command, ack: wire.Ack) -> None:
-    inc = session.get(Incident, incident_id, with_for_update=True)
+    inc = session.get(Incident, incident_id, with_for_update=True, populate_existing=True)
     if inc is None:
         return
     if inc.acted_at is not None and cmd.issued_at < inc.acted_at:

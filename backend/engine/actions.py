@@ -174,7 +174,7 @@ class Actions:
             inc.level = "launcher"
             self.issue(session, inc, job, "launcher", frozenset())
             return
-        node = session.get(Node, node_id, with_for_update=True)
+        node = session.get(Node, node_id, with_for_update=True, populate_existing=True)
         entry["node"] = node.name if node is not None else None
         exclude = frozenset({node_id})
         if node is not None:
@@ -336,7 +336,7 @@ class Actions:
         if job_.node_id is not None:
             self.after_node_hook(session, job_, result)
             return
-        inc = session.get(Incident, job_.incident_id, with_for_update=True)
+        inc = session.get(Incident, job_.incident_id, with_for_update=True, populate_existing=True)
         if inc is None:
             return
         inc.hooks = [*inc.hooks, result.record()]
@@ -362,7 +362,7 @@ class Actions:
         self.issue(session, inc, job, "launcher", job_.exclude)
 
     def after_node_hook(self, session: Session, job_: HookJob, result: HookResult) -> None:
-        node = session.get(Node, job_.node_id, with_for_update=True)
+        node = session.get(Node, job_.node_id, with_for_update=True, populate_existing=True)
         if node is None:
             return
         self._count(f"hook_{job_.hook}_{'ok' if result.ok else 'failed'}")

@@ -88,6 +88,7 @@ class Decider(Actions):
             .order_by(Incident.id.desc())
             .limit(1)
             .with_for_update()
+            .execution_options(populate_existing=True)
         )
         if inc is not None and self._belongs(inc, ev, verdict):
             self._record(session, inc, ev, verdict, action, primary)

@@ -316,7 +316,7 @@ class DecisionEngine:
         ]
 
     def _save_cursor(self, s: Session, hi: int) -> None:
-        state = s.get(EngineState, CURSOR, with_for_update=True)
+        state = s.get(EngineState, CURSOR, with_for_update=True, populate_existing=True)
         if state is None:
             s.add(EngineState(name=CURSOR, value={"hi": hi}, updated_at=self.clock()))
         else:

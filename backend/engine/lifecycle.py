@@ -110,6 +110,7 @@ def waiting_jobs(d: Decider, session: Session, now: float) -> None:
         select(Incident)
         .where(Incident.status == "open", Incident.outcome.startswith(WAITING))
         .with_for_update()
+        .execution_options(populate_existing=True)
     ).all()
     for inc in rows:
         job = session.get(Job, inc.job_id)

@@ -36,7 +36,7 @@ def engine_status(request: Request, _: ViewerDep) -> dict[str, Any]:
 
 
 def _pending(session: SessionDep, incident_id: int) -> Incident:
-    inc = session.get(Incident, incident_id, with_for_update=True)
+    inc = session.get(Incident, incident_id, with_for_update=True, populate_existing=True)
     if inc is None:
         commands.get_incident(session, incident_id)  # raises NotFound
         raise AssertionError

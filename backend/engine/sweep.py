@@ -99,6 +99,7 @@ def self_recovered(d: Decider, session: Session, now: float) -> None:
             Incident.created_at >= now - LOOKBACK_S,
         )
         .with_for_update()
+        .execution_options(populate_existing=True)
     ).all()
     for inc in rows:
         d.recovered_itself(session, inc)
@@ -115,6 +116,7 @@ def due_incidents(d: Decider, session: Session, now: float) -> None:
             Incident.not_before <= now,
         )
         .with_for_update()
+        .execution_options(populate_existing=True)
     ).all()
     for inc in rows:
         job = session.get(Job, inc.job_id)
@@ -141,6 +143,7 @@ def failed_incidents(d: Decider, session: Session, now: float) -> None:
             Incident.closed_at >= now - LOOKBACK_S,
         )
         .with_for_update()
+        .execution_options(populate_existing=True)
     ).all()
     for inc in rows:
         failed = q.failed_acks(session, inc)
@@ -170,6 +173,7 @@ def relaunch_waits(d: Decider, session: Session, now: float) -> None:
             Incident.not_before <= now,
         )
         .with_for_update()
+        .execution_options(populate_existing=True)
     ).all()
     for inc in rows:
         failed = q.failed_acks(session, inc)
@@ -271,6 +275,7 @@ def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
             or_(Incident.resumed_at.is_(None), Incident.resumed_at <= now - PARTIAL_GRACE_S),
         )
         .with_for_update()
+        .execution_options(populate_existing=True)
     ).all()
     for inc in rows:
         first = q.first_step_after(session, inc)
