@@ -10,6 +10,9 @@ COPY pyproject.toml README.md ./
 COPY agent ./agent
 COPY backend ./backend
 COPY migrations ./migrations
+# The dashboard, the Alembic scripts and the demo job travel inside the wheel (package data).
+COPY frontend ./frontend
+COPY examples ./examples
 RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[agent,server]'
 
 FROM python:3.11-slim
@@ -19,9 +22,7 @@ RUN pip install --no-cache-dir --no-index --find-links /wheels 'trainguard[agent
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/trainguard trainguard \
     && mkdir -p /var/lib/trainguard/spool \
     && chown -R trainguard:trainguard /var/lib/trainguard
-COPY frontend /app/frontend
-ENV TRAINGUARD_FRONTEND_DIR=/app/frontend \
-    TRAINGUARD_DATA_DIR=/var/lib/trainguard \
+ENV TRAINGUARD_DATA_DIR=/var/lib/trainguard \
     TRAINGUARD_AGENT_SPOOL_DIR=/var/lib/trainguard/spool \
     PYTHONUNBUFFERED=1
 WORKDIR /var/lib/trainguard

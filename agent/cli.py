@@ -45,7 +45,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def _settings(**overrides: object):  # type: ignore[no-untyped-def]
     from pydantic import ValidationError
 
-    from backend.settings import Settings
+    from trainguard.backend.settings import Settings
 
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -71,8 +71,8 @@ def server(
     """Run the backend (API, ingest, live stream, dashboard at /)."""
     import uvicorn
 
-    from backend.app import create_app, tune_gc
-    from backend.logs import uvicorn_log_config
+    from trainguard.backend.app import create_app, tune_gc
+    from trainguard.backend.logs import uvicorn_log_config
 
     if log_format not in ("text", "json"):
         fail(f"--log-format must be text or json, not {log_format!r}")
@@ -130,8 +130,8 @@ def agent(
     """Run the node agent: GPU health, XIDs, rank heartbeats and steps -> backend."""
     from pydantic import ValidationError
 
-    from agent.config import AgentConfig
-    from agent.daemon import main as agent_main
+    from trainguard.agent.config import AgentConfig
+    from trainguard.agent.daemon import main as agent_main
 
     fields = {
         "server": server,
@@ -154,8 +154,8 @@ def agent(
 
 def _add_local_components(agent_obj) -> None:  # type: ignore[no-untyped-def]
     """The SDK socket server (ranks, steps, heartbeats) and the command executor."""
-    from agent.executor import CommandLoop
-    from agent.local import LocalServer
+    from trainguard.agent.executor import CommandLoop
+    from trainguard.agent.local import LocalServer
 
     try:
         local = LocalServer(agent_obj)
@@ -164,11 +164,11 @@ def _add_local_components(agent_obj) -> None:  # type: ignore[no-untyped-def]
     agent_obj.add_component(local)
     agent_obj.add_component(CommandLoop(agent_obj, local))
     if agent_obj.config.store_port:
-        from agent.storehost import StoreHost
+        from trainguard.agent.storehost import StoreHost
 
         agent_obj.add_component(StoreHost(agent_obj.config.store_port, agent_obj.config.store_host))
     if agent_obj.config.metrics_port is not None:
-        from agent.metrics import AgentExporter
+        from trainguard.agent.metrics import AgentExporter
 
         cfg = agent_obj.config
         agent_obj.add_component(AgentExporter(agent_obj, cfg.metrics_port, cfg.metrics_host))
@@ -184,7 +184,7 @@ def demo(
     job: Annotated[bool, typer.Option(help="run the demo training job with seeded faults")] = True,
 ) -> None:
     """Backend (SQLite) + simulated agents + a small training job; dashboard on localhost."""
-    from backend.demo import run_demo
+    from trainguard.backend.demo import run_demo
 
     raise typer.Exit(
         run_demo(host=host, port=port, data_dir=data_dir, nodes=nodes, gpus=gpus, with_job=job)
@@ -198,7 +198,7 @@ def db_upgrade(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Apply the migrations up to REVISION (default: head)."""
-    from backend import db
+    from trainguard.backend import db
 
     settings = _settings(database_url=database_url, data_dir=data_dir)
     _run_migration(lambda: db.upgrade(settings.url, revision), settings.url)
@@ -212,7 +212,7 @@ def db_downgrade(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Revert the migrations down to REVISION."""
-    from backend import db
+    from trainguard.backend import db
 
     settings = _settings(database_url=database_url, data_dir=data_dir)
     _run_migration(lambda: db.downgrade(settings.url, revision), settings.url)
@@ -236,7 +236,7 @@ def bench_ingest(
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
 ) -> None:
     """Sustained end-to-end ingest: load generators -> HTTP -> one backend -> database."""
-    from backend.bench.ingest import run
+    from trainguard.backend.bench.ingest import run
 
     _print_report(
         run(
@@ -263,7 +263,7 @@ def bench_stragglers(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Straggler scoring cost per window for N ranks (target < 100 ms on one core)."""
-    from backend.bench.stragglers import run
+    from trainguard.backend.bench.stragglers import run
 
     _print_report(
         run(
@@ -292,7 +292,7 @@ def bench_decision(
     ] = 4.0,
 ) -> None:
     """Evidence arrival -> decision -> command acked by a real agent, p50/p99."""
-    from backend.bench.decision import run
+    from trainguard.backend.bench.decision import run
 
     try:
         report = run(
@@ -325,7 +325,7 @@ def bench_recovery(
     steps: Annotated[int, typer.Option(min=20)] = 300,
 ) -> None:
     """The AWS NVRx experiment on CPU: full restart vs launcher vs in-process, same faults."""
-    from backend.bench.recovery import ALL_MODES, run, table
+    from trainguard.backend.bench.recovery import ALL_MODES, run, table
 
     wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
     bad = [m for m in wanted if m not in ALL_MODES]
@@ -355,8 +355,8 @@ def bench_chaos(
 ) -> None:
     """The demo job under mixed seeded faults (exception, SIGKILL, hang, XID 79, agent
     death) against a real server for M minutes: incidents, wrongful actions, recovery."""
-    from backend.bench.chaos import ChaosError, parse_config, run
-    from backend.bench.chaos_report import table
+    from trainguard.backend.bench.chaos import ChaosError, parse_config, run
+    from trainguard.backend.bench.chaos_report import table
 
     try:
         cfg = parse_config(minutes, seed, agent_every, steps, faults_per_run)
@@ -389,7 +389,13 @@ def bench_checkpoint(
 ) -> None:
     """Training with no checkpoint vs torch.save vs DCP save vs DCP async_save (and its
     staged variant), then the async modes at the interval the advice recommends."""
-    from backend.bench.checkpoint import ALL_SAVE_MODES, DEFAULT_MTBF_S, SAVE_MODES, run, table
+    from trainguard.backend.bench.checkpoint import (
+        ALL_SAVE_MODES,
+        DEFAULT_MTBF_S,
+        SAVE_MODES,
+        run,
+        table,
+    )
 
     try:
         every = tuple(int(x) for x in intervals.split(",") if x.strip())
@@ -427,7 +433,7 @@ def bench_soak(
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
 ) -> None:
     """Memory over a sustained ingest run: backend and agent RSS at start, middle, end."""
-    from backend.bench.soak import run
+    from trainguard.backend.bench.soak import run
 
     _print_report(
         run(
@@ -458,7 +464,7 @@ def bench_agent(
     ] = None,
 ) -> None:
     """Agent CPU and RSS with simulated GPUs and SDK ranks; the SDK step-hook cost."""
-    from backend.bench.agent import run
+    from trainguard.backend.bench.agent import run
 
     _print_report(
         run(duration=duration, gpus=gpus, ranks=ranks, port=port, sdk_flush_s=sdk_flush_s)
@@ -488,8 +494,8 @@ def bench_retention(
 ) -> None:
     """Database size per retention tier over simulated days, extrapolated to a cluster;
     latency of the node page's chart reads over it."""
-    from backend.bench.retention import BenchError, run, table
-    from backend.retention import RetentionPolicy
+    from trainguard.backend.bench.retention import BenchError, run, table
+    from trainguard.backend.retention import RetentionPolicy
 
     if old_period < period:
         fail("--old-period must be at least --period")
@@ -527,8 +533,8 @@ def _has_tokens(url: str) -> bool:
     from sqlalchemy.exc import OperationalError
     from sqlalchemy.orm import Session
 
-    from backend import db
-    from backend.tokens.service import any_live
+    from trainguard.backend import db
+    from trainguard.backend.tokens.service import any_live
 
     if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).exists():
         return False
@@ -547,7 +553,7 @@ def _has_tokens(url: str) -> bool:
 def _token_session(database_url: str | None, data_dir: Path | None):  # type: ignore[no-untyped-def]
     from sqlalchemy.orm import Session
 
-    from backend import db
+    from trainguard.backend import db
 
     settings = _settings(database_url=database_url, data_dir=data_dir)
     _run_migration(lambda: db.upgrade(settings.url), settings.url)
@@ -563,8 +569,8 @@ def token_create(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Create a token and print it once (it is stored only as a hash)."""
-    from backend.errors import DomainError
-    from backend.tokens import service
+    from trainguard.backend.errors import DomainError
+    from trainguard.backend.tokens import service
 
     with _token_session(database_url, data_dir) as session:
         try:
@@ -586,7 +592,7 @@ def token_list(
     data_dir: DataDirOpt = None,
 ) -> None:
     """List tokens (id, role, node, prefix; never the token)."""
-    from backend.tokens import service
+    from trainguard.backend.tokens import service
 
     with _token_session(database_url, data_dir) as session:
         for t in service.list_tokens(session):
@@ -604,8 +610,8 @@ def token_revoke(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Revoke a token (takes effect within a few seconds on every replica)."""
-    from backend.errors import DomainError
-    from backend.tokens import service
+    from trainguard.backend.errors import DomainError
+    from trainguard.backend.tokens import service
 
     with _token_session(database_url, data_dir) as session:
         try:

@@ -20,7 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from agent.wire import MAX_GPUS
+from trainguard.protocol.wire import MAX_GPUS
 
 MIB = 1024 * 1024
 # The wire's `Name` pattern (agent/wire.py); a node outside it is refused by the backend.

@@ -21,14 +21,14 @@ from typing import Any, Protocol
 
 import httpx
 
-from agent.config import AgentConfig
-from agent.nvml import Nvml, NvmlCollector, NvmlUnavailable
-from agent.outbox import Outbox
-from agent.simulated import SimulatedGpus
-from agent.spool import Spool, SpoolLocked
-from agent.uplink import Uplink, agent_version
-from agent.wire import Event, GpuInfo, GpuSample
-from agent.xid import KmsgWatcher, XidDedup, XidWatcher
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.nvml import Nvml, NvmlCollector, NvmlUnavailable
+from trainguard.agent.outbox import Outbox
+from trainguard.agent.simulated import SimulatedGpus
+from trainguard.agent.spool import Spool, SpoolLocked
+from trainguard.agent.uplink import Uplink, agent_version
+from trainguard.agent.xid import KmsgWatcher, XidDedup, XidWatcher
+from trainguard.protocol.wire import Event, GpuInfo, GpuSample
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from agent.local import LocalServer, proc_info
-from agent.wire import Ack, Command
+from trainguard.agent.local import LocalServer, proc_info
+from trainguard.protocol.wire import Ack, Command
 
 log = logging.getLogger(__name__)
 

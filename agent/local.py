@@ -46,8 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agent.sdk import LAUNCHERS, SOCKET_DIRS_ENV, probe_socket, socket_candidates, wire_name
-from agent.wire import Event, RankStatus, StepReport
+from trainguard.protocol.wire import Event, RankStatus, StepReport
+from trainguard.sdk import LAUNCHERS, SOCKET_DIRS_ENV, probe_socket, socket_candidates, wire_name
 
 T = TypeVar("T")
 

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from agent.wire import Event, GpuInfo, GpuSample
+from trainguard.protocol.wire import Event, GpuInfo, GpuSample
 
 # (wire field, dcgm-exporter name, help) -- the names of etc/default-counters.csv and,
 # for the ECC counters, of its commented-out lines.
@@ -322,7 +322,7 @@ class AgentCollector:
             labels=["Hostname", "version", "source", "agent_id"],
         )
         source = "simulated" if getattr(self.agent.source, "simulated", False) else "nvml"
-        from agent.uplink import agent_version
+        from trainguard.agent.uplink import agent_version
 
         info.add_metric([self.hostname, agent_version(), source, uplink.agent_id], 1.0)
         yield info

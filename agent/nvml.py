@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from agent.wire import GpuInfo, GpuSample
+from trainguard.protocol.wire import GpuInfo, GpuSample
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.wire import Event, GpuInfo, GpuSample, RankStatus, StepReport
+from trainguard.protocol.wire import Event, GpuInfo, GpuSample, RankStatus, StepReport
 
 
 @dataclass

@@ -23,10 +23,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.nvml import pci_key
-from agent.outbox import Outbox
-from agent.wire import Event, GpuInfo, GpuSample
-from agent.xid import describe_xid, xid_event
+from trainguard.agent.nvml import pci_key
+from trainguard.agent.outbox import Outbox
+from trainguard.agent.xid import describe_xid, xid_event
+from trainguard.protocol.wire import Event, GpuInfo, GpuSample
 
 MEM_TOTAL_MIB = 81559.0  # what an H100 80GB HBM3 reports
 POWER_LIMIT_W = 700.0

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgspec
 
-from agent.wire import Batch, decode_batch, encode
+from trainguard.protocol.wire import Batch, decode_batch, encode
 
 log = logging.getLogger(__name__)
 

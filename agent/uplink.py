@@ -27,10 +27,10 @@ from typing import Any
 import httpx
 import msgspec
 
-from agent.config import AgentConfig
-from agent.outbox import Drained, Outbox
-from agent.spool import Spool
-from agent.wire import (
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.outbox import Drained, Outbox
+from trainguard.agent.spool import Spool
+from trainguard.protocol.wire import (
     MAX_BODY_BYTES,
     MAX_EVENTS,
     MAX_GPUS,

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-from agent.nvml import Device, Nvml, pci_key
-from agent.outbox import Outbox
-from agent.wire import Event
+from trainguard.agent.nvml import Device, Nvml, pci_key
+from trainguard.agent.outbox import Outbox
+from trainguard.protocol.wire import Event
 
 log = logging.getLogger(__name__)
 

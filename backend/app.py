@@ -19,28 +19,28 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
 
-from backend import db, errors, metrics
-from backend.alerts.dispatcher import AlertDispatcher
-from backend.analytics import monitor as analytics
-from backend.analytics.router import router as analytics_router
-from backend.auth import TokenCache, ViewerDep
-from backend.catalog.router import router as catalog_router
-from backend.cluster import service as cluster_service
-from backend.cluster.router import router as cluster_router
-from backend.commands.notifier import Notifier
-from backend.commands.router import router as commands_router
-from backend.engine.engine import DecisionEngine
-from backend.engine.policy import load_policy
-from backend.engine.router import router as engine_router
-from backend.ingest.router import IngestFastPath
-from backend.ingest.router import router as ingest_router
-from backend.ingest.writer import IngestWriter, Stored
-from backend.jobs.router import router as jobs_router
-from backend.live.bus import LiveBus
-from backend.live.pgnotify import PgNotifyBus, bus_for
-from backend.live.router import router as live_router
-from backend.retention import Retention, RetentionPolicy
-from backend.settings import Settings
+from trainguard.backend import db, errors, metrics
+from trainguard.backend.alerts.dispatcher import AlertDispatcher
+from trainguard.backend.analytics import monitor as analytics
+from trainguard.backend.analytics.router import router as analytics_router
+from trainguard.backend.auth import TokenCache, ViewerDep
+from trainguard.backend.catalog.router import router as catalog_router
+from trainguard.backend.cluster import service as cluster_service
+from trainguard.backend.cluster.router import router as cluster_router
+from trainguard.backend.commands.notifier import Notifier
+from trainguard.backend.commands.router import router as commands_router
+from trainguard.backend.engine.engine import DecisionEngine
+from trainguard.backend.engine.policy import load_policy
+from trainguard.backend.engine.router import router as engine_router
+from trainguard.backend.ingest.router import IngestFastPath
+from trainguard.backend.ingest.router import router as ingest_router
+from trainguard.backend.ingest.writer import IngestWriter, Stored
+from trainguard.backend.jobs.router import router as jobs_router
+from trainguard.backend.live.bus import LiveBus
+from trainguard.backend.live.pgnotify import PgNotifyBus, bus_for
+from trainguard.backend.live.router import router as live_router
+from trainguard.backend.retention import Retention, RetentionPolicy
+from trainguard.backend.settings import Settings
 
 log = logging.getLogger(__name__)
 

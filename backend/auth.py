@@ -23,8 +23,8 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 
-from backend.ratelimit import RateLimiter
-from backend.tokens import service as tokens
+from trainguard.backend.ratelimit import RateLimiter
+from trainguard.backend.tokens import service as tokens
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-import migrations as _migrations_pkg
+import trainguard.migrations as _migrations_pkg
 
 MIGRATIONS_DIR = Path(_migrations_pkg.__file__).resolve().parent
 

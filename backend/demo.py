@@ -27,7 +27,7 @@ from typing import Any
 from urllib.error import URLError
 from urllib.request import urlopen
 
-from agent import demojob
+from trainguard.agent import demojob
 
 # The demo job: steps of about 0.2 s (the sleep stands for model work on top of the tiny
 # MLP's few milliseconds), so a run of 1,500 steps trains for about 5 minutes, and its 5
@@ -46,7 +46,7 @@ STOP_GRACE_S = {"job and agents": 4.0, "server": 2.0}
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agent.cli", *args]
+    return [sys.executable, "-m", "trainguard.agent.cli", *args]
 
 
 def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:

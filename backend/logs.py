@@ -67,7 +67,7 @@ def _rfc3339(ts: float) -> str:
 
 def _formatter(fmt: LogFormat) -> dict[str, Any]:
     if fmt == "json":
-        return {"()": "backend.logs.JsonFormatter"}
+        return {"()": "trainguard.backend.logs.JsonFormatter"}
     return {"format": TEXT_FORMAT}
 
 

@@ -15,8 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from backend.models import Incident
-from backend.models.control import ACTIVE_STATUSES, INCIDENT_STATUSES
+from trainguard.backend.models import Incident
+from trainguard.backend.models.control import ACTIVE_STATUSES, INCIDENT_STATUSES
 
 
 class WriterCollector(Collector):

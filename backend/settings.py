@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
-    from backend.engine.policy import Policy
+    from trainguard.backend.engine.policy import Policy
 
 
 class Settings(BaseSettings):
@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     @field_validator("alerts_file", mode="before")
     @classmethod
     def _alerts_load(cls, v: object) -> object:
-        from backend.alerts.config import load_webhooks
+        from trainguard.backend.alerts.config import load_webhooks
 
         if v is None or v == "":
             return None
@@ -152,7 +152,7 @@ class Settings(BaseSettings):
     @field_validator("policy_file", mode="before")
     @classmethod
     def _policy_loads(cls, v: object) -> object:
-        from backend.engine.policy import load_policy
+        from trainguard.backend.engine.policy import load_policy
 
         if v is None or v == "":
             return None  # an empty variable means "the default policy"
@@ -161,7 +161,7 @@ class Settings(BaseSettings):
 
     @property
     def policy(self) -> Policy:
-        from backend.engine.policy import load_policy
+        from trainguard.backend.engine.policy import load_policy
 
         return load_policy(self.policy_file)
 

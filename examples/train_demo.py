@@ -44,7 +44,7 @@ import torch.distributed.checkpoint as dcp
 from nvidia_resiliency_ext import inprocess
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from agent import faults, sdk, storehost
+from trainguard.agent import faults, sdk, storehost
 
 td = datetime.timedelta
 

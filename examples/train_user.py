@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch
 import torch.distributed as dist
 
-from agent import sdk
+from trainguard import sdk
 
 
 def parse_args() -> argparse.Namespace:

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from backend import db
-from backend.models import Base
 from tests.invariants import check as check_invariants
 from tests.support import AUTH, TOKEN
+from trainguard.backend import db
+from trainguard.backend.models import Base
 
 PG_URL = os.environ.get(
     "TRAINGUARD_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -71,8 +71,8 @@ def make_client(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Builds a TestClient over the real app (lifespan runs: writer thread, bus)."""
     from fastapi.testclient import TestClient
 
-    from backend.app import create_app
-    from backend.settings import Settings
+    from trainguard.backend.app import create_app
+    from trainguard.backend.settings import Settings
 
     clients: list[TestClient] = []
 

@@ -15,9 +15,9 @@ import itertools
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from backend.commands.service import incident_dict
-from backend.engine import queries as q
-from backend.models import TIMELINE, Command, Incident, Node, Rank, Step
+from trainguard.backend.commands.service import incident_dict
+from trainguard.backend.engine import queries as q
+from trainguard.backend.models import TIMELINE, Command, Incident, Node, Rank, Step
 
 
 def violations(url: str) -> list[str]:

@@ -8,10 +8,10 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
-from agent.cli import app
-from backend.bench.retention import run
-from backend.retention import RetentionPolicy
 from tests.support import free_port
+from trainguard.agent.cli import app
+from trainguard.backend.bench.retention import run
+from trainguard.backend.retention import RetentionPolicy
 
 HOUR = 3600.0
 PERIOD = 20.0  # one sample per 20 s: three per 60 s window

@@ -26,7 +26,7 @@ def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path) -> No
             [
                 sys.executable,
                 "-m",
-                "agent.cli",
+                "trainguard.agent.cli",
                 "demo",
                 "--port",
                 str(port),

@@ -85,7 +85,7 @@ def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> 
             [
                 sys.executable,
                 "-m",
-                "agent.cli",
+                "trainguard.agent.cli",
                 "demo",
                 "--port",
                 str(port),

@@ -29,7 +29,7 @@ class Procs:
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Any:
         log = (self.tmp / f"{name}.log").open("wb")
         p = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", *args],
+            [sys.executable, "-m", "trainguard.agent.cli", *args],
             env={**os.environ, "TRAINGUARD_ADMIN_TOKEN": TOKEN, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
-from backend.alerts.config import AlertKind, Webhook, load_webhooks
-from backend.alerts.payloads import generic_body, slack_body
+from trainguard.backend.alerts.config import AlertKind, Webhook, load_webhooks
+from trainguard.backend.alerts.payloads import generic_body, slack_body
 
 log = logging.getLogger(__name__)
 

@@ -20,17 +20,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.analytics import repository as repo
-from backend.analytics import service
-from backend.analytics.stragglers import (
+from trainguard.backend.analytics import repository as repo
+from trainguard.backend.analytics import service
+from trainguard.backend.analytics.stragglers import (
     RankState,
     StragglerConfig,
     StragglerDetector,
     Transition,
     node_flags,
 )
-from backend.cluster.service import event_dict
-from backend.models import Event, Job
+from trainguard.backend.cluster.service import event_dict
+from trainguard.backend.models import Event, Job
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
-from backend.analytics.goodput import CohortStep
-from backend.models import Event, Gpu, Incident, Job, Node, Rank, Step
+from trainguard.backend.analytics.goodput import CohortStep
+from trainguard.backend.models import Event, Gpu, Incident, Job, Node, Rank, Step
 
 _MAX_BLOCKING_S = 3600.0  # a checkpoint event ending this long after `until` is ignored
 

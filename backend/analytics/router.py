@@ -7,11 +7,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from backend.analytics import advice, service
-from backend.auth import ViewerDep
-from backend.db import SessionDep
-from backend.errors import DomainError
-from backend.jobs.service import get_job
+from trainguard.backend.analytics import advice, service
+from trainguard.backend.auth import ViewerDep
+from trainguard.backend.db import SessionDep
+from trainguard.backend.errors import DomainError
+from trainguard.backend.jobs.service import get_job
 
 router = APIRouter(tags=["analytics"])
 

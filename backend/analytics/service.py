@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.analytics import advice
-from backend.analytics import repository as repo
-from backend.analytics.goodput import Accounting, account
-from backend.errors import DomainError, NotFound
-from backend.models import Event, Incident, Job
+from trainguard.backend.analytics import advice
+from trainguard.backend.analytics import repository as repo
+from trainguard.backend.analytics.goodput import Accounting, account
+from trainguard.backend.errors import DomainError, NotFound
+from trainguard.backend.models import Event, Incident, Job
 
 if TYPE_CHECKING:
-    from backend.analytics.monitor import AnalyticsMonitor
-    from backend.analytics.stragglers import StragglerConfig
+    from trainguard.backend.analytics.monitor import AnalyticsMonitor
+    from trainguard.backend.analytics.stragglers import StragglerConfig
 
 WINDOWS: dict[str, float | None] = {"1h": 3600.0, "24h": 86400.0, "all": None}
 FAULT_KINDS = ("xid", "gpu_lost", "rank_exit", "exception", "hang", "heartbeat_lost")

@@ -22,7 +22,7 @@ TOKEN = "bench-token-0123456789abcdef"
 
 _RANK = """
 import os, time
-from agent import sdk
+from trainguard import sdk
 flush = os.environ.get("BENCH_SDK_FLUSH_S")
 tg = sdk.attach(**({"flush_interval": float(flush)} if flush else {}))
 end = time.monotonic() + float(os.environ["BENCH_SECONDS"])
@@ -46,7 +46,7 @@ def _proc_cpu_rss(pid: int) -> tuple[float, float]:
 
 def hook_cost_us(socket_path: str, steps: int = 50_000, repeats: int = 5) -> float:
     """Median over repeats of the mean cost of one empty step hook, in microseconds."""
-    from agent import sdk
+    from trainguard import sdk
 
     os.environ.update(
         TRAINGUARD_AGENT_SOCKET=socket_path, RANK="0", WORLD_SIZE="1", TRAINGUARD_JOB="bench-hook"
@@ -73,8 +73,8 @@ def run(
     sdk_flush_s: float | None = None,
 ) -> dict[str, Any]:
     """`sdk_flush_s`: the ranks' SDK flush interval; None: the SDK's default."""
-    from agent.sdk import FLUSH_INTERVAL_S
-    from backend.demo import start_server
+    from trainguard.backend.demo import start_server
+    from trainguard.sdk import FLUSH_INTERVAL_S
 
     tmp = Path(tempfile.mkdtemp(prefix="tg-bench-agent-"))
     sock = str(tmp / "agent.sock")
@@ -87,7 +87,7 @@ def run(
             [
                 sys.executable,
                 "-m",
-                "agent.cli",
+                "trainguard.agent.cli",
                 "agent",
                 "--server",
                 f"http://127.0.0.1:{port}",

@@ -33,8 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.bench.chaos_checks import Fault, Step
-from backend.bench.chaos_rows import incidents_from_database, proc_start, read_database, workers
+from trainguard.backend.bench.chaos_checks import Fault, Step
+from trainguard.backend.bench.chaos_rows import (
+    incidents_from_database,
+    proc_start,
+    read_database,
+    workers,
+)
 
 # The mix of the job's own faults (agent/faults.py weights; "xid" is XID 79: the simulated
 # GPU falls off the bus). Agent deaths come on top, from the bench.
@@ -101,7 +106,7 @@ def parse_config(
 
 def _down_after_s() -> float:
     """The server's node_down_after_s (it runs with the bench's environment)."""
-    from backend.settings import Settings
+    from trainguard.backend.settings import Settings
 
     try:
         return float(Settings().node_down_after_s)
@@ -111,7 +116,7 @@ def _down_after_s() -> float:
 
 def _plan(cfg: ChaosConfig, run_seed: int) -> list[Any]:
     """The faults a job run injects: the plan every rank draws (agent/faults.py)."""
-    from agent import faults
+    from trainguard.agent import faults
 
     return faults.plan(
         cfg.faults_per_run,
@@ -163,9 +168,9 @@ class Chaos:
     # --- processes ---------------------------------------------------------------------
 
     def up(self) -> None:
-        from agent import demojob
-        from agent.storehost import StoreHost
-        from backend.bench.recovery_engine import Backend
+        from trainguard.agent import demojob
+        from trainguard.agent.storehost import StoreHost
+        from trainguard.backend.bench.recovery_engine import Backend
 
         policy = self.cfg.policy
         if policy is None:  # an empty policy file: the defaults, as `trainguard demo` runs
@@ -194,7 +199,7 @@ class Chaos:
             "TRAINGUARD_AGENT_SPOOL_DIR": str(self.work / "spool" / name),
             "TRAINGUARD_AGENT_SOCKET_PATH": str(self.work / f"{name}.sock"),
         }
-        argv = [sys.executable, "-m", "agent.cli", "agent", "--server", self.backend.url]
+        argv = [sys.executable, "-m", "trainguard.agent.cli", "agent", "--server", self.backend.url]
         argv += ["--token", self.backend.token, "--node", name]
         argv += ["--simulate", str(GPUS_PER_NODE)]
         with (self.work / f"{name}.log").open("ab") as log:
@@ -202,7 +207,7 @@ class Chaos:
         self.agent_since[name] = time.time()
 
     def launch(self) -> JobRun:
-        from agent import demojob
+        from trainguard.agent import demojob
 
         n = len(self.runs) + 1
         run = JobRun(n, f"chaos-{n}", self.cfg.seed * 1000 + n, self.work / f"job-{n}", [], 0.0)
@@ -228,7 +233,7 @@ class Chaos:
         return run
 
     def end_run(self, run: JobRun, why: str) -> None:
-        from agent import demojob
+        from trainguard.agent import demojob
 
         if run.ended_at is None:
             demojob.stop(run.procs, grace=10.0)
@@ -457,7 +462,7 @@ def run(
     cfg: ChaosConfig, workdir: str | os.PathLike[str] | None = None, out: Path | None = None
 ) -> dict[str, Any]:
     """One bench run (see the module docstring); the report, also written to `out`."""
-    from backend.bench.chaos_report import build_report
+    from trainguard.backend.bench.chaos_report import build_report
 
     if out is not None and not out.parent.is_dir():
         raise ChaosError(f"--out: no directory {out.parent}")

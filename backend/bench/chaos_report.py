@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from backend.bench.chaos_checks import (
+from trainguard.backend.bench.chaos_checks import (
     ENDED_STATES,
     Command,
     Cordon,

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from backend.bench.chaos_checks import Command, Cordon, NodeEvent, Step
+from trainguard.backend.bench.chaos_checks import Command, Cordon, NodeEvent, Step
 
 
 def proc_start(pid: int) -> str | None:
@@ -26,7 +26,7 @@ def workers(launcher_pid: int, seen: dict[int, str]) -> list[tuple[int, int, flo
     """(rank, pid, age in seconds) of a launcher's live training processes; every
     descendant goes into `seen` so that the bench can end whatever a launcher leaves
     behind."""
-    from agent import demojob
+    from trainguard.agent import demojob
 
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     tick = os.sysconf("SC_CLK_TCK")
@@ -55,7 +55,7 @@ def read_cordons(conn: Any) -> list[Cordon]:
     name, `by` as the actor, `reason`): the checks take the same Cordon rows."""
     from sqlalchemy import select
 
-    from backend.models import AuditLog
+    from trainguard.backend.models import AuditLog
 
     q = select(AuditLog.ts, AuditLog.target, AuditLog.actor, AuditLog.reason).where(
         AuditLog.action == "cordon", AuditLog.target.like("node:%")
@@ -70,9 +70,9 @@ def read_database(conn: Any) -> dict[str, Any]:
     """The rows the report needs, read with explicit columns (the schema grows under it)."""
     from sqlalchemy import or_, select
 
-    from backend.models import Command as CommandRow
-    from backend.models import Event, Incident, Job, Node
-    from backend.models import Step as StepRow
+    from trainguard.backend.models import Command as CommandRow
+    from trainguard.backend.models import Event, Incident, Job, Node
+    from trainguard.backend.models import Step as StepRow
 
     steps = conn.execute(
         select(Job.name, Node.name, StepRow.rank, StepRow.start, StepRow.end)
@@ -105,8 +105,8 @@ def incidents_from_database(engine: Any, ids: list[int]) -> list[dict[str, Any]]
     function (for when the server is gone)."""
     from sqlalchemy.orm import Session
 
-    from backend.commands.service import incident_dict
-    from backend.models import Incident
+    from trainguard.backend.commands.service import incident_dict
+    from trainguard.backend.models import Incident
 
     with Session(engine) as session:
         found = (session.get(Incident, i) for i in ids)

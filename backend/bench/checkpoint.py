@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.analytics import advice
-from backend.bench.recovery import Nodes, logs_tail, supervise
+from trainguard.backend.analytics import advice
+from trainguard.backend.bench.recovery import Nodes, logs_tail, supervise
 
 SAVE_MODES = ("torch", "sync", "async", "async-staged")
 ASYNC_MODES = ("async", "async-staged")

@@ -9,7 +9,7 @@ def fresh_database(data_dir: Path, database_url: str | None, filename: str) -> s
     """The benchmark's database URL, migrated to head: `database_url` as given, or a new
     SQLite file `filename` in `data_dir` (an old one is removed with its WAL files, which
     SQLite would otherwise replay into the new file)."""
-    from backend import db
+    from trainguard.backend import db
 
     data_dir.mkdir(parents=True, exist_ok=True)
     url = database_url or f"sqlite:///{(data_dir / filename).resolve()}"

@@ -88,10 +88,10 @@ def run(
 
     import httpx
 
-    from agent import wire
-    from backend.bench.common import fresh_database
-    from backend.bench.ingest import _count, _gen_worker
-    from backend.demo import start_server
+    from trainguard.backend.bench.common import fresh_database
+    from trainguard.backend.bench.ingest import _count, _gen_worker
+    from trainguard.backend.demo import start_server
+    from trainguard.protocol import wire
 
     data_dir = data_dir.resolve()
     url = fresh_database(data_dir, database_url, "bench.db")
@@ -137,7 +137,7 @@ def run(
             _check_load(load, "before the events")
         agent = subprocess.Popen(
             [
-                *(sys.executable, "-m", "agent.cli", "agent", "--server", base),
+                *(sys.executable, "-m", "trainguard.agent.cli", "agent", "--server", base),
                 *("--token", TOKEN, "--node", NODE, "--simulate", "2", "--interval", "1"),
             ],
             env={

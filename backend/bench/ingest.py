@@ -61,7 +61,7 @@ def _gen_worker(
     duration: float,
     out: Any,
 ) -> None:
-    from agent import wire
+    from trainguard.protocol import wire
 
     host, port = url.removeprefix("http://").split(":")
 
@@ -209,7 +209,7 @@ def _count(url: str, node_prefix: str = "") -> int:
     """Samples in the database; with `node_prefix`, only those of nodes named so."""
     from sqlalchemy import create_engine, func, select
 
-    from backend.models import Gpu, Node, Sample
+    from trainguard.backend.models import Gpu, Node, Sample
 
     query = select(func.count()).select_from(Sample)
     if node_prefix:
@@ -231,7 +231,7 @@ def raw_copy_rate(url: str, rows: int = 200_000) -> float:
     import psycopg
     from sqlalchemy.engine import make_url
 
-    from backend.ingest.writer import _PG_TYPES, SAMPLE_COLUMNS
+    from trainguard.backend.ingest.writer import _PG_TYPES, SAMPLE_COLUMNS
 
     u = make_url(url)
     conninfo = u.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -285,8 +285,8 @@ def run(
     out_json: Path | None,
     batch_interval: float | None = None,
 ) -> dict[str, Any]:
-    from backend.bench.common import fresh_database
-    from backend.demo import start_server
+    from trainguard.backend.bench.common import fresh_database
+    from trainguard.backend.demo import start_server
 
     url = fresh_database(data_dir, database_url, "bench.db")
     before = _count(url)

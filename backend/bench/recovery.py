@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.bench.recovery_analysis import analyse, fired_faults
+from trainguard.backend.bench.recovery_analysis import analyse, fired_faults
 
 MODES = ("baseline", "launcher", "in_process")
 FAULT_KIND = {"baseline": "exception", "launcher": "sigkill", "in_process": "exception"}
@@ -77,11 +77,11 @@ class Nodes:
     ) -> None:
         """With `server`, each agent posts to that backend and runs its command executor
         (recovery_engine.ConnectedAgent); without, the bench reads the outboxes itself."""
-        from agent import demojob
-        from agent.config import AgentConfig
-        from agent.daemon import build_agent
-        from agent.local import LocalServer
-        from agent.storehost import StoreHost
+        from trainguard.agent import demojob
+        from trainguard.agent.config import AgentConfig
+        from trainguard.agent.daemon import build_agent
+        from trainguard.agent.local import LocalServer
+        from trainguard.agent.storehost import StoreHost
 
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
@@ -100,7 +100,7 @@ class Nodes:
                 **({"server": server, "token": token} if server else {}),
             )
             if server:
-                from backend.bench.recovery_engine import ConnectedAgent
+                from trainguard.backend.bench.recovery_engine import ConnectedAgent
 
                 conn = ConnectedAgent(cfg)
                 self.connected.append(conn)
@@ -163,7 +163,7 @@ def supervise(
     """Launch the demo job and wait until every launcher exited 0. With `relaunch`, any
     launcher that exits non-zero makes the supervisor kill the whole job and start it
     afresh (the baseline); otherwise a failed launcher fails the run."""
-    from agent import demojob
+    from trainguard.agent import demojob
 
     t0 = time.time()
     procs = demojob.launch(nodes.workdir, nodes.sockets, nodes.store.port, **launch_kw)
@@ -199,7 +199,7 @@ def supervise(
 
 def fault_plan(mode: str, faults: int, seed: int, after_step: int, steps: int) -> list[Any]:
     """The faults a mode's job run injects (the demo draws the same plan on every rank)."""
-    from agent import faults as faults_mod
+    from trainguard.agent import faults as faults_mod
 
     kinds = MIXED_KINDS if FAULT_KIND[mode] == "mixed" else FAULT_KIND[mode]
     return faults_mod.plan(faults, seed, after_step, steps, 4, faults_mod.parse_kinds(kinds))
@@ -248,7 +248,7 @@ def run_mode(
         work = Path(workdir or tmp) / mode
         backend = None
         if engine:
-            from backend.bench.recovery_engine import Backend
+            from trainguard.backend.bench.recovery_engine import Backend
 
             backend = Backend(work / "server", engine_policy)
         kw.update(
@@ -301,7 +301,7 @@ def run_mode(
 
 def engine_report(nodes: Nodes, plan: list[Any], incidents: list[dict[str, Any]]) -> dict[str, Any]:
     """Per fault: the levels the engine chose and who carried them out (recovery_engine)."""
-    from backend.bench.recovery_engine import decisions_per_fault, raised_requests
+    from trainguard.backend.bench.recovery_engine import decisions_per_fault, raised_requests
 
     fired = fired_faults(nodes.events)
     return decisions_per_fault(
@@ -424,7 +424,7 @@ def table(result: dict[str, Any]) -> str:
         )
     for mode, r in result["modes"].items():
         if r.get("engine"):
-            from backend.bench.recovery_engine import decisions_table
+            from trainguard.backend.bench.recovery_engine import decisions_table
 
             rows += [
                 "",

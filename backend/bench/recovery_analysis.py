@@ -24,7 +24,7 @@ def trainguard_goodput(
     the same step reports, checkpoint events and incidents (fault -> recovered). A full
     relaunch restarts TORCHELASTIC_RESTART_COUNT at 0: its steps are labelled with the
     supervisor's launch number as the attempt, so each launch is a generation of its own."""
-    from backend.analytics.goodput import CohortStep, account
+    from trainguard.backend.analytics.goodput import CohortStep, account
 
     cohort: dict[tuple[int, int, int], list[float]] = {}
     for s in nodes.steps:

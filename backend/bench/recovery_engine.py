@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.outbox import Drained, Outbox
+from trainguard.agent.outbox import Drained, Outbox
 
 # The engine's policy for this bench: backend/policy/default.toml with two keys changed.
 # The demo compresses 5 faults into about a minute of job time; the default cooldown (10 s
@@ -68,11 +68,11 @@ class ConnectedAgent:
     command executor), in a thread of the bench process so its outbox can be read."""
 
     def __init__(self, cfg: Any) -> None:
-        from agent.daemon import Agent
-        from agent.executor import CommandLoop
-        from agent.local import LocalServer
-        from agent.simulated import SimulatedGpus
-        from agent.spool import Spool
+        from trainguard.agent.daemon import Agent
+        from trainguard.agent.executor import CommandLoop
+        from trainguard.agent.local import LocalServer
+        from trainguard.agent.simulated import SimulatedGpus
+        from trainguard.agent.spool import Spool
 
         self.outbox = TeeOutbox()
         source = SimulatedGpus(cfg.simulate, cfg.node, cfg.seed, self.outbox)
@@ -101,8 +101,8 @@ class Backend:
     """`trainguard server` on SQLite in `workdir`, with the bench's policy file."""
 
     def __init__(self, workdir: Path, policy: str | os.PathLike[str] | None = None) -> None:
-        from agent import demojob
-        from backend.demo import start_server
+        from trainguard.agent import demojob
+        from trainguard.backend.demo import start_server
 
         workdir.mkdir(parents=True, exist_ok=True)
         if policy is None:

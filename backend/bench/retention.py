@@ -37,7 +37,7 @@ from typing import Any
 
 from sqlalchemy import Engine, insert, text
 
-from backend.retention import Retention, RetentionPolicy
+from trainguard.backend.retention import Retention, RetentionPolicy
 
 TOKEN = "bench-token-0123456789abcdef"
 GPUS_PER_NODE = 8
@@ -80,7 +80,7 @@ def _readings(seed: int) -> list[tuple[Any, ...]]:
 
 
 def _write(engine: Engine, rows: list[tuple[Any, ...]]) -> None:
-    from backend.ingest.writer import _PG_TYPES, SAMPLE_COLUMNS
+    from trainguard.backend.ingest.writer import _PG_TYPES, SAMPLE_COLUMNS
 
     cols = ", ".join(SAMPLE_COLUMNS)
     with engine.begin() as conn:
@@ -250,7 +250,7 @@ def _tiers(sizes: dict[str, int], rows: dict[str, int], gpus: int, cluster: int)
 
 
 def _seed_inventory(engine: Engine, gpus: int, now: float) -> tuple[list[str], list[str]]:
-    from backend.models import Gpu, Node
+    from trainguard.backend.models import Gpu, Node
 
     nodes = [f"ret-{i:05d}" for i in range(math.ceil(gpus / GPUS_PER_NODE))]
     with engine.begin() as conn:
@@ -348,9 +348,9 @@ def run(
     window, so the raw table turns over at full rate before it is measured) and
     `old_period` s apart before (they are folded into rollups, whose rows have the same
     size whatever the number of samples they fold)."""
-    from backend import db
-    from backend.bench.common import fresh_database
-    from backend.demo import start_server
+    from trainguard.backend import db
+    from trainguard.backend.bench.common import fresh_database
+    from trainguard.backend.demo import start_server
 
     policy = policy or RetentionPolicy()
     dense_s = 2 * policy.raw_retention_s if dense_s is None else dense_s

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.bench.ingest import TOKEN, _count, _gen_worker, _rss_cpu
+from trainguard.backend.bench.ingest import TOKEN, _count, _gen_worker, _rss_cpu
 
 
 def _slope_per_h(points: list[tuple[float, float]]) -> float:
@@ -57,8 +57,8 @@ def run(
     The full RSS series goes to `json_out` (with the report); the returned dict holds the
     summary only, one value per key.
     """
-    from backend.bench.common import fresh_database
-    from backend.demo import wait_ready
+    from trainguard.backend.bench.common import fresh_database
+    from trainguard.backend.demo import wait_ready
 
     duration = minutes * 60
     warmup_s = min(warmup_s, duration / 3)
@@ -71,7 +71,7 @@ def run(
         "TRAINGUARD_DATA_DIR": str(data_dir),
     }
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    cli = [sys.executable, "-m", "agent.cli"]
+    cli = [sys.executable, "-m", "trainguard.agent.cli"]
     server = subprocess.Popen(
         [*cli, "server", "--port", str(port), "--log-level", "warning"], env=env, **quiet
     )

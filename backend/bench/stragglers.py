@@ -14,7 +14,7 @@ import statistics
 import time
 from typing import Any
 
-from backend.analytics.stragglers import StragglerConfig, StragglerDetector
+from trainguard.backend.analytics.stragglers import StragglerConfig, StragglerDetector
 
 
 def run(

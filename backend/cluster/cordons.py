@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.models import AuditLog, Node, NodeCordon
+from trainguard.backend.models import AuditLog, Node, NodeCordon
 
 
 def cordon(

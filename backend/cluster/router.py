@@ -9,13 +9,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from agent.wire import EventKind
-from backend.auth import OperatorDep, ViewerDep
-from backend.cluster import cordons, service
-from backend.db import SessionDep
-from backend.engine.hooks import run_hook
-from backend.errors import DomainError
-from backend.models import AuditLog
+from trainguard.backend.auth import OperatorDep, ViewerDep
+from trainguard.backend.cluster import cordons, service
+from trainguard.backend.db import SessionDep
+from trainguard.backend.engine.hooks import run_hook
+from trainguard.backend.errors import DomainError
+from trainguard.backend.models import AuditLog
+from trainguard.protocol.wire import EventKind
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from typing import Any
 from sqlalchemy import Float, Integer, and_, cast, func, select
 from sqlalchemy.orm import Session
 
-from backend.cluster import cordons
-from backend.errors import NotFound
-from backend.models import SAMPLE_READINGS, Event, Gpu, Node, Sample
-from backend.retention import rollup_rows
+from trainguard.backend.cluster import cordons
+from trainguard.backend.errors import NotFound
+from trainguard.backend.models import SAMPLE_READINGS, Event, Gpu, Node, Sample
+from trainguard.backend.retention import rollup_rows
 
 XID_DEGRADES_FOR_S = 600.0
 _ROLLUP_MEANS = (

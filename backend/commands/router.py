@@ -9,11 +9,11 @@ import msgspec
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from agent import wire
-from backend.auth import AgentDep, ViewerDep, check_node
-from backend.commands import service
-from backend.db import SessionDep
-from backend.models import Command, Incident
+from trainguard.backend.auth import AgentDep, ViewerDep, check_node
+from trainguard.backend.commands import service
+from trainguard.backend.db import SessionDep
+from trainguard.backend.models import Command, Incident
+from trainguard.protocol import wire
 
 router = APIRouter()
 

@@ -9,12 +9,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agent import wire
-from backend.engine.queries import capabilities
-from backend.errors import Conflict, NotFound
-from backend.jobs.service import live_ranks
-from backend.models import TIMELINE, AuditLog, Command, CommandAck, Incident, Job, Node
-from backend.models.control import IncidentEvidence
+from trainguard.backend.engine.queries import capabilities
+from trainguard.backend.errors import Conflict, NotFound
+from trainguard.backend.jobs.service import live_ranks
+from trainguard.backend.models import TIMELINE, AuditLog, Command, CommandAck, Incident, Job, Node
+from trainguard.backend.models.control import IncidentEvidence
+from trainguard.protocol import wire
 
 # A failed ack that says the command found none of the job's workers on its node (the
 # executor's words): they were gone, most likely because the launcher is restarting them.

@@ -19,11 +19,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.cluster import cordons
-from backend.engine import queries as q
-from backend.engine.hooks import HookResult
-from backend.engine.policy import Policy
-from backend.models import AuditLog, Command, Gpu, Incident, Job, Node
+from trainguard.backend.cluster import cordons
+from trainguard.backend.engine import queries as q
+from trainguard.backend.engine.hooks import HookResult
+from trainguard.backend.engine.policy import Policy
+from trainguard.backend.models import AuditLog, Command, Gpu, Incident, Job, Node
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.engine import queries as q
-from backend.engine.actions import ENGINE_ACTOR, Actions
-from backend.engine.evidence import JOB_CAUSES, Evidence, Verdict, classify, describe
-from backend.engine.policy import LADDER, next_level, rung
-from backend.models import Incident, Job
-from backend.models.control import ACTIVE_STATUSES, IncidentEvidence
+from trainguard.backend.engine import queries as q
+from trainguard.backend.engine.actions import ENGINE_ACTOR, Actions
+from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence, Verdict, classify, describe
+from trainguard.backend.engine.policy import LADDER, next_level, rung
+from trainguard.backend.models import Incident, Job
+from trainguard.backend.models.control import ACTIVE_STATUSES, IncidentEvidence
 
 log = logging.getLogger(__name__)
 

@@ -28,16 +28,16 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.commands.service import get_incident, incident_dict
-from backend.engine import lifecycle, sweep
-from backend.engine.actions import HookJob
-from backend.engine.decide import Decider
-from backend.engine.evidence import EVIDENCE_KINDS, Evidence
-from backend.engine.hooks import HookResult, run_hook
-from backend.engine.leader import AdvisoryLockLeadership, Leadership, leadership_for
-from backend.engine.policy import Policy
-from backend.models import Event, Node
-from backend.models.control import EngineState
+from trainguard.backend.commands.service import get_incident, incident_dict
+from trainguard.backend.engine import lifecycle, sweep
+from trainguard.backend.engine.actions import HookJob
+from trainguard.backend.engine.decide import Decider
+from trainguard.backend.engine.evidence import EVIDENCE_KINDS, Evidence
+from trainguard.backend.engine.hooks import HookResult, run_hook
+from trainguard.backend.engine.leader import AdvisoryLockLeadership, Leadership, leadership_for
+from trainguard.backend.engine.policy import Policy
+from trainguard.backend.models import Event, Node
+from trainguard.backend.models.control import EngineState
 
 log = logging.getLogger(__name__)
 

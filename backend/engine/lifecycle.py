@@ -17,13 +17,23 @@ from __future__ import annotations
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from backend.cluster import cordons
-from backend.engine import queries as q
-from backend.engine.actions import ENGINE_ACTOR, WAITING, HookJob, set_job_state
-from backend.engine.decide import Decider
-from backend.engine.evidence import clean_exit
-from backend.models import JOB_ENDED, Event, Gpu, Incident, Job, Node, NodeCordon, Rank, Sample
-from backend.models.control import ACTIVE_STATUSES
+from trainguard.backend.cluster import cordons
+from trainguard.backend.engine import queries as q
+from trainguard.backend.engine.actions import ENGINE_ACTOR, WAITING, HookJob, set_job_state
+from trainguard.backend.engine.decide import Decider
+from trainguard.backend.engine.evidence import clean_exit
+from trainguard.backend.models import (
+    JOB_ENDED,
+    Event,
+    Gpu,
+    Incident,
+    Job,
+    Node,
+    NodeCordon,
+    Rank,
+    Sample,
+)
+from trainguard.backend.models.control import ACTIVE_STATUSES
 
 # Every rank exited 0 and nothing came back for this long: the job finished.
 END_GRACE_S = 5.0

@@ -7,10 +7,20 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from agent.xid import describe_xid
-from backend.engine.evidence import SOFT_BUCKETS, as_int, hardware_evidence
-from backend.models import Command, CommandAck, Event, Incident, Job, Node, NodeCordon, Rank, Step
-from backend.models.control import IncidentEvidence
+from trainguard.agent.xid import describe_xid
+from trainguard.backend.engine.evidence import SOFT_BUCKETS, as_int, hardware_evidence
+from trainguard.backend.models import (
+    Command,
+    CommandAck,
+    Event,
+    Incident,
+    Job,
+    Node,
+    NodeCordon,
+    Rank,
+    Step,
+)
+from trainguard.backend.models.control import IncidentEvidence
 
 
 def jobs_on_node(session: Session, node_id: int, since: float, pid: int | None = None) -> list[Job]:

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import event
 
-from backend.auth import OperatorDep, Principal, ViewerDep
-from backend.commands import service as commands
-from backend.db import SessionDep
-from backend.errors import Conflict
-from backend.models import AuditLog, Incident
+from trainguard.backend.auth import OperatorDep, Principal, ViewerDep
+from trainguard.backend.commands import service as commands
+from trainguard.backend.db import SessionDep
+from trainguard.backend.errors import Conflict
+from trainguard.backend.models import AuditLog, Incident
 
 router = APIRouter()
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from backend.commands.service import NOTHING_HERE
-from backend.engine import queries as q
-from backend.engine.actions import ENGINE_ACTOR, NO_RANK, HookJob
-from backend.engine.decide import Decider
-from backend.engine.evidence import JOB_CAUSES, Evidence
-from backend.engine.hooks import HookResult
-from backend.engine.policy import next_level
-from backend.models import Incident, Job, Node, Rank
+from trainguard.backend.commands.service import NOTHING_HERE
+from trainguard.backend.engine import queries as q
+from trainguard.backend.engine.actions import ENGINE_ACTOR, NO_RANK, HookJob
+from trainguard.backend.engine.decide import Decider
+from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence
+from trainguard.backend.engine.hooks import HookResult
+from trainguard.backend.engine.policy import next_level
+from trainguard.backend.models import Incident, Job, Node, Rank
 
 # A step-derived resumption waits this long for the agents' own `resumed` ack.
 RESUME_GRACE_S = 2.0

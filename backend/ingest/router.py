@@ -19,10 +19,10 @@ from sqlalchemy import BigInteger, Integer
 from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agent import wire
-from backend.auth import authorize, check_node
-from backend.ingest.writer import BatchRefused, DatabaseUnavailable
-from backend.models import SAMPLE_READINGS, Sample
+from trainguard.backend.auth import authorize, check_node
+from trainguard.backend.ingest.writer import BatchRefused, DatabaseUnavailable
+from trainguard.backend.models import SAMPLE_READINGS, Sample
+from trainguard.protocol import wire
 
 router = APIRouter(tags=["agents"])
 INGEST_PATH = "/api/v1/ingest"

@@ -42,9 +42,8 @@ from sqlalchemy.exc import DataError as SADataError
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.exc import OperationalError as SAOperationalError
 
-from agent.wire import Batch, IngestResult
-from backend.db import write_waiters
-from backend.models import (
+from trainguard.backend.db import write_waiters
+from trainguard.backend.models import (
     SAMPLE_READINGS,
     Event,
     Gpu,
@@ -55,6 +54,7 @@ from backend.models import (
     Sample,
     Step,
 )
+from trainguard.protocol.wire import Batch, IngestResult
 
 log = logging.getLogger(__name__)
 

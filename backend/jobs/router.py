@@ -8,11 +8,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from backend.auth import OperatorDep, ViewerDep
-from backend.commands import service as commands
-from backend.db import SessionDep
-from backend.engine.queries import capabilities
-from backend.jobs import service
+from trainguard.backend.auth import OperatorDep, ViewerDep
+from trainguard.backend.commands import service as commands
+from trainguard.backend.db import SessionDep
+from trainguard.backend.engine.queries import capabilities
+from trainguard.backend.jobs import service
 
 router = APIRouter(tags=["jobs"])
 

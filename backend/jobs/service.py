@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.errors import NotFound
-from backend.models import Incident, Job, Node, Rank, Step
+from trainguard.backend.errors import NotFound
+from trainguard.backend.models import Incident, Job, Node, Rank, Step
 
 
 def get_job(session: Session, name: str) -> Job:

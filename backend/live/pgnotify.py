@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 from sqlalchemy.engine import make_url
 
-from backend.live.bus import LiveBus, Subscription
+from trainguard.backend.live.bus import LiveBus, Subscription
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import msgspec
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from backend.auth import ViewerDep
+from trainguard.backend.auth import ViewerDep
 
 router = APIRouter(tags=["live"])
 

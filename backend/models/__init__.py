@@ -1,8 +1,8 @@
 """ORM classes; importing this package registers every table on Base.metadata."""
 
-from backend.models.auth import ApiToken
-from backend.models.base import Base
-from backend.models.cluster import (
+from trainguard.backend.models.auth import ApiToken
+from trainguard.backend.models.base import Base
+from trainguard.backend.models.cluster import (
     SAMPLE_READINGS,
     Event,
     Gpu,
@@ -12,8 +12,8 @@ from backend.models.cluster import (
     Sample,
     SampleRollup,
 )
-from backend.models.control import TIMELINE, AuditLog, Command, CommandAck, Incident
-from backend.models.jobs import JOB_ENDED, JOB_STATES, Job, Rank, Step
+from trainguard.backend.models.control import TIMELINE, AuditLog, Command, CommandAck, Incident
+from trainguard.backend.models.jobs import JOB_ENDED, JOB_STATES, Job, Rank, Step
 
 __all__ = [
     "JOB_ENDED",

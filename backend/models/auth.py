@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Float, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.models.base import Base
+from trainguard.backend.models.base import Base
 
 
 class ApiToken(Base):

@@ -18,7 +18,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from backend.models.base import Base, BigId
+from trainguard.backend.models.base import Base, BigId
 
 
 class Node(Base):

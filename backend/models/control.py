@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.models.base import Base
+from trainguard.backend.models.base import Base
 
 TIMELINE = (
     "fault_at",

@@ -15,7 +15,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.models.base import Base, BigId
+from trainguard.backend.models.base import Base, BigId
 
 JOB_STATES = ("running", "restarting", "waiting", "finished", "failed", "stopped")
 JOB_ENDED = ("finished", "failed", "stopped")

@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.errors import DomainError, NotFound
-from backend.models import ApiToken, AuditLog
+from trainguard.backend.errors import DomainError, NotFound
+from trainguard.backend.models import ApiToken, AuditLog
 
 ROLES = ("agent", "viewer", "operator")
 # What each role may do: an operator also reads; an agent only ingests and takes its

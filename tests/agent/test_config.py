@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agent.config import AgentConfig
+from trainguard.agent.config import AgentConfig
 
 
 def test_defaults_follow_the_node_name_but_the_socket_does_not(monkeypatch):

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import httpx
 
-import agent.daemon as daemon
-from agent.config import AgentConfig
-from agent.daemon import Agent, AgentSetupError, build_agent, main
-from agent.nvml import Nvml, NvmlCollector
-from agent.simulated import SimulatedGpus
-from agent.wire import Batch, decode_batch
-from agent.xid import KmsgWatcher, XidWatcher
+import trainguard.agent.daemon as daemon
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.daemon import Agent, AgentSetupError, build_agent, main
+from trainguard.agent.nvml import Nvml, NvmlCollector
+from trainguard.agent.simulated import SimulatedGpus
+from trainguard.agent.xid import KmsgWatcher, XidWatcher
+from trainguard.protocol.wire import Batch, decode_batch
 
 
 class Backend:

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import textwrap
 
-from agent import demojob
 from tests.support import wait_for
+from trainguard.agent import demojob
 
 # A parent that ignores SIGTERM, with a child in a session of its own (as ft_launcher
 # starts its workers).
@@ -28,7 +28,7 @@ STUBBORN = textwrap.dedent(
 SUBREAPER = textwrap.dedent(
     """
     import os, sys, time
-    from agent import demojob
+    from trainguard.agent import demojob
     assert demojob.become_subreaper()
     child = os.fork()
     if child == 0:

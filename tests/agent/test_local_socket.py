@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agent import sdk
-from agent.config import AgentConfig
-from agent.daemon import build_agent
-from agent.local import LocalServer
+from trainguard import sdk
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.daemon import build_agent
+from trainguard.agent.local import LocalServer
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import warnings
 import msgspec
 import pytest
 
-from agent.nvml import Nvml, NvmlCollector, NvmlUnavailable, pci_key
-from agent.wire import GpuSample, encode
+from trainguard.agent.nvml import Nvml, NvmlCollector, NvmlUnavailable, pci_key
+from trainguard.protocol.wire import GpuSample, encode
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)

@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent import sdk
-from agent.wire import RankStatus
+from trainguard import sdk
+from trainguard.protocol.wire import RankStatus
 
 UUID = "3f2a1c4d-1b2c-4d5e-8f90-0123456789ab"
 

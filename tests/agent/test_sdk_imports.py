@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, sys
 before = set(sys.modules)
-from agent import sdk
+from trainguard import sdk
 tg = sdk.attach(job="imports", socket_path="/nonexistent/agent.sock", install_signal_handler=False)
 with tg.step(0):
     pass
@@ -27,7 +27,7 @@ def test_the_sdk_imports_only_the_standard_library() -> None:
         [sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True
     )
     new = json.loads(out.stdout.splitlines()[-1])
-    ours = {"agent", "agent.sdk"}
+    ours = {"trainguard", "trainguard.sdk"}
     foreign = [m for m in new if m not in ours and m.split(".")[0] not in sys.stdlib_module_names]
     assert foreign == []
-    assert "agent.sdk" in new
+    assert "trainguard.sdk" in new

@@ -3,9 +3,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from agent.outbox import Outbox
-from agent.simulated import SimulatedGpus
-from agent.wire import Event, GpuInfo, GpuSample, encode
+from trainguard.agent.outbox import Outbox
+from trainguard.agent.simulated import SimulatedGpus
+from trainguard.protocol.wire import Event, GpuInfo, GpuSample, encode
 
 T0 = 1_700_000_000.0
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.spool import Spool, SpoolLocked
-from agent.wire import Batch, GpuSample, decode_batch, encode
+from trainguard.agent.spool import Spool, SpoolLocked
+from trainguard.protocol.wire import Batch, GpuSample, decode_batch, encode
 
 
 def batch(seq: int, agent_id: str = "agent-aaaaaaaa", samples: int = 4, t0: float = 1000.0):

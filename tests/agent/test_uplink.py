@@ -14,11 +14,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.config import AgentConfig
-from agent.outbox import Outbox
-from agent.spool import Spool
-from agent.uplink import Uplink
-from agent.wire import MAX_BODY_BYTES, MAX_SAMPLES, Batch, Event, GpuSample, decode_batch
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.outbox import Outbox
+from trainguard.agent.spool import Spool
+from trainguard.agent.uplink import Uplink
+from trainguard.protocol.wire import (
+    MAX_BODY_BYTES,
+    MAX_SAMPLES,
+    Batch,
+    Event,
+    GpuSample,
+    decode_batch,
+)
 
 T0 = 1_700_000_000.0
 
@@ -205,7 +212,7 @@ def test_a_permanent_4xx_drops_that_batch_once_with_the_server_message(tmp_path,
     up, _ = uplink(tmp_path, backend)
     backend.mode = "422"
     up.outbox.put_samples(samples(1))
-    with caplog.at_level(logging.ERROR, logger="agent.uplink"):
+    with caplog.at_level(logging.ERROR, logger="trainguard.agent.uplink"):
         up.tick()
     assert len(backend.requests) == 1 and len(up.spool) == 0
     assert up.stats().batches_rejected == 1

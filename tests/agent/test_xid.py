@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.nvml import Nvml, NvmlCollector
-from agent.outbox import Outbox
-from agent.xid import (
+from trainguard.agent.nvml import Nvml, NvmlCollector
+from trainguard.agent.outbox import Outbox
+from trainguard.agent.xid import (
     XID_CATALOG,
     KmsgWatcher,
     XidDedup,

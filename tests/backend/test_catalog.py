@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.xid import XID_CATALOG
-from backend.app import create_app
-from backend.settings import Settings
 from tests.support import AUTH, TOKEN
+from trainguard.agent.xid import XID_CATALOG
+from trainguard.backend.app import create_app
+from trainguard.backend.settings import Settings
 
 
 @pytest.fixture

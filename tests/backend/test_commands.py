@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agent import wire
+from trainguard.protocol import wire
 
 
 def register_job(client: Any, node: str = "n1", ranks: tuple[int, ...] = (0, 1)) -> None:

@@ -11,9 +11,9 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-from agent.cli import app
-from backend.app import GC_THRESHOLDS
 from tests.support import TOKEN
+from trainguard.agent.cli import app
+from trainguard.backend.app import GC_THRESHOLDS
 
 
 def _collector_when_serving(

@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 from sqlalchemy import create_engine, func, select
 
-from agent import wire
-from backend.models import Event, IngestBatch, Sample, Step
+from trainguard.backend.models import Event, IngestBatch, Sample, Step
+from trainguard.protocol import wire
 
 NODE = "node-a"
 
@@ -142,7 +142,7 @@ def test_the_answer_paces_agents_with_the_configured_batch_interval(make_client:
 def test_a_batch_interval_that_would_mark_healthy_nodes_degraded_is_refused() -> None:
     import pydantic
 
-    from backend.settings import Settings
+    from trainguard.backend.settings import Settings
 
     assert Settings(agent_batch_interval_s=5, node_down_after_s=15).agent_batch_interval_s == 5
     assert Settings(node_down_after_s=0.2).agent_batch_interval_s == 0  # default: no pace
@@ -162,10 +162,10 @@ def test_the_writer_reconnects_when_its_kept_connection_is_killed(
     from fastapi.testclient import TestClient
     from sqlalchemy import text
 
-    from backend.app import create_app
-    from backend.settings import Settings
     from tests.conftest import _truncate
     from tests.support import AUTH, TOKEN
+    from trainguard.backend.app import create_app
+    from trainguard.backend.settings import Settings
 
     _truncate(pg_database)
     settings = Settings(database_url=pg_database, admin_token=TOKEN, data_dir=tmp_path)
@@ -188,7 +188,7 @@ def test_the_node_summary_follows_its_batches(client: Any, db_url: str) -> None:
     """nodes.util_avg / temp_max come from the newest batch with samples, last_xid_at from
     the newest XID, last_seen and the clock offset from every batch (one statement for the
     whole group on PostgreSQL, an executemany per shape on SQLite: the same row)."""
-    from backend.models import Node
+    from trainguard.backend.models import Node
 
     def node() -> Any:
         engine = create_engine(db_url)
@@ -217,8 +217,8 @@ def test_the_node_summary_follows_its_batches(client: Any, db_url: str) -> None:
 def test_evidence_in_a_busy_group_is_stored_first_in_its_own_transaction(db_url: str) -> None:
     """Batches queued together form one group; the one carrying an event (evidence the
     engine waits for) is committed before the routine ones, in its own transaction."""
-    from backend import db
-    from backend.ingest.writer import IngestWriter
+    from trainguard.backend import db
+    from trainguard.backend.ingest.writer import IngestWriter
 
     order: list[list[int]] = []
     engine = db.make_engine(db_url)
@@ -251,7 +251,7 @@ def test_sqlite_counts_the_writes_waiting_for_its_lock_but_not_the_ingest_writer
     from sqlalchemy import event, text
     from sqlalchemy.exc import IntegrityError
 
-    from backend import db
+    from trainguard.backend import db
 
     url = f"sqlite:///{tmp_path / 'w.db'}"
     db.upgrade(url)
@@ -295,8 +295,8 @@ def test_the_ingest_writer_lets_a_waiting_sqlite_write_in_after_each_commit(
     and retries, while the ingest writer, committing group after group under load, takes
     the lock again within microseconds. Agents' acks waited 5-30 s or failed under 2,048
     nodes (docs/engine.md). After each commit, the writer holds off while a write waits."""
-    from backend import db
-    from backend.ingest.writer import IngestWriter
+    from trainguard.backend import db
+    from trainguard.backend.ingest.writer import IngestWriter
 
     url = f"sqlite:///{tmp_path / 'busy.db'}"
     db.upgrade(url)

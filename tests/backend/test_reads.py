@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agent import wire
 from tests.support import wait_for
+from trainguard.protocol import wire
 
 
 def post(client: Any, node: str, seq: int, samples: list[wire.GpuSample], **kw: Any) -> None:

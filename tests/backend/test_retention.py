@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy import create_engine, func, select
 
-from agent import wire
-from backend.models import Sample, SampleRollup
-from backend.retention import Retention, RetentionPolicy
+from trainguard.backend.models import Sample, SampleRollup
+from trainguard.backend.retention import Retention, RetentionPolicy
+from trainguard.protocol import wire
 
 HOUR = 3600.0
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, func, insert, select, text
 
-from backend.models import Gpu, Node, Sample, SampleRollup
-from backend.retention import ROLLUP_READ_SQL, Retention, RetentionPolicy, rollup_rows
+from trainguard.backend.models import Gpu, Node, Sample, SampleRollup
+from trainguard.backend.retention import ROLLUP_READ_SQL, Retention, RetentionPolicy, rollup_rows
 
 HOUR = 3600.0
 DAY = 86400.0

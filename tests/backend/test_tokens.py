@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from agent import wire
-from backend import auth
-from backend.errors import DomainError
-from backend.models import ApiToken
-from backend.tokens import service
+from trainguard.backend import auth
+from trainguard.backend.errors import DomainError
+from trainguard.backend.models import ApiToken
+from trainguard.backend.tokens import service
+from trainguard.protocol import wire
 
 
 def make_token(db_url: str, role: str, node: str | None = None) -> tuple[int, str]:

@@ -12,9 +12,9 @@ import httpx
 import uvicorn
 from sqlalchemy import event
 
-from backend.app import create_app
-from backend.settings import Settings
 from tests.support import AUTH, TOKEN, free_port, wait_for
+from trainguard.backend.app import create_app
+from trainguard.backend.settings import Settings
 
 
 def test_the_commit_happens_before_the_response(db_url: str, tmp_path: Path) -> None:

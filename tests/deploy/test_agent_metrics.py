@@ -12,12 +12,12 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import sdk
-from agent.config import AgentConfig
-from agent.daemon import Agent, build_agent
-from agent.local import LocalServer
-from agent.metrics import DCGM_FIELDS, AgentExporter
 from tests.support import wait_for
+from trainguard import sdk
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.daemon import Agent, build_agent
+from trainguard.agent.local import LocalServer
+from trainguard.agent.metrics import DCGM_FIELDS, AgentExporter
 
 
 def _ok(request: httpx.Request) -> httpx.Response:

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from backend.alerts.config import AlertsConfigError, Webhook, load_webhooks
-from backend.alerts.dispatcher import AlertDispatcher, kinds_for_change
 from tests.support import wait_for
+from trainguard.backend.alerts.config import AlertsConfigError, Webhook, load_webhooks
+from trainguard.backend.alerts.dispatcher import AlertDispatcher, kinds_for_change
 
 INCIDENT = {
     "id": 12,

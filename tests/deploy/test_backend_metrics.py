@@ -9,8 +9,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import wire
 from tests.support import wait_for
+from trainguard.protocol import wire
 
 
 def scrape(client: Any) -> dict[str, list[Any]]:

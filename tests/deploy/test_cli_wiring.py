@@ -18,8 +18,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from agent.cli import app
 from tests.support import TOKEN, free_port, wait_for
+from trainguard.agent.cli import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def _has_option(command: str, option: str) -> bool:
 
 def _start(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", *args],
+        [sys.executable, "-m", "trainguard.agent.cli", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "TRAINGUARD_ADMIN_TOKEN": TOKEN, **env},
         stdout=subprocess.DEVNULL,

@@ -15,11 +15,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from agent.cli import app
-from agent.config import AgentConfig
-from agent.metrics import DEFAULT_PORT
-from backend.alerts.config import parse_webhooks
-from backend.settings import Settings
+from trainguard.agent.cli import app
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.metrics import DEFAULT_PORT
+from trainguard.backend.alerts.config import parse_webhooks
+from trainguard.backend.settings import Settings
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}

@@ -14,16 +14,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend.logs import JsonFormatter, format_from_env, uvicorn_log_config
 from tests.support import TOKEN, free_port, wait_for
+from trainguard.backend.logs import JsonFormatter, format_from_env, uvicorn_log_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 SERVE = """
 import sys, uvicorn
-from backend.app import create_app
-from backend.logs import uvicorn_log_config
-from backend.settings import Settings
+from trainguard.backend.app import create_app
+from trainguard.backend.logs import uvicorn_log_config
+from trainguard.backend.settings import Settings
 app = create_app(Settings(data_dir=sys.argv[2], admin_token=sys.argv[3]))
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]),
             log_config=uvicorn_log_config("json", "info"), timeout_graceful_shutdown=3)

@@ -17,13 +17,13 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import sdk
-from agent.config import AgentConfig
-from agent.daemon import build_agent
-from agent.local import LocalServer
-from agent.metrics import DEFAULT_PORT, AgentExporter
-from backend.alerts.dispatcher import AlertDispatcher
 from tests.support import AUTH, TOKEN, wait_for
+from trainguard import sdk
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.daemon import build_agent
+from trainguard.agent.local import LocalServer
+from trainguard.agent.metrics import DEFAULT_PORT, AgentExporter
+from trainguard.backend.alerts.dispatcher import AlertDispatcher
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NAME = re.compile(r"\b(?:trainguard|DCGM_FI)_[A-Za-z0-9_]+")
@@ -87,8 +87,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory, pg_database: str) -> dict
     # the backend on PostgreSQL (live fan-out on), with the alert dispatcher wired
     from fastapi.testclient import TestClient
 
-    from backend.app import create_app
-    from backend.settings import Settings
+    from trainguard.backend.app import create_app
+    from trainguard.backend.settings import Settings
 
     app = create_app(Settings(database_url=pg_database, admin_token=TOKEN, data_dir=tmp))
     with TestClient(app, headers=AUTH) as client:

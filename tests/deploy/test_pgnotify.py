@@ -10,8 +10,13 @@ from typing import Any
 
 import pytest
 
-from backend.live.bus import LiveBus
-from backend.live.pgnotify import PAYLOAD_LIMIT, PgNotifyBus, bus_for, encode_notifications
+from trainguard.backend.live.bus import LiveBus
+from trainguard.backend.live.pgnotify import (
+    PAYLOAD_LIMIT,
+    PgNotifyBus,
+    bus_for,
+    encode_notifications,
+)
 
 pytestmark = pytest.mark.postgres
 

@@ -29,9 +29,9 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from agent import wire
 from tests.conftest import PG_URL
 from tests.support import AUTH, TOKEN, free_port, wait_for
+from trainguard.protocol import wire
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -52,7 +52,7 @@ def replica_db() -> Iterator[str]:
         pytest.fail(f"PostgreSQL at {PG_URL} is required for the replica test: {exc}")
     url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
     up = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "db", "upgrade", "--database-url", url],
+        [sys.executable, "-m", "trainguard.agent.cli", "db", "upgrade", "--database-url", url],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -76,7 +76,7 @@ class Replica:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"{name}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "server", "--port", str(self.port)],
+            [sys.executable, "-m", "trainguard.agent.cli", "server", "--port", str(self.port)],
             cwd=ROOT,
             env={
                 **os.environ,

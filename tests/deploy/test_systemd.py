@@ -12,8 +12,8 @@ from pathlib import Path
 
 import typer
 
-from agent.cli import app
-from agent.config import AgentConfig
+from trainguard.agent.cli import app
+from trainguard.agent.config import AgentConfig
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 PENDING_AGENT = {"metrics_port"}  # read once `trainguard agent` has the exporter option

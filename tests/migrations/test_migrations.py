@@ -7,8 +7,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from backend import db
-from backend.models import Base
+from trainguard.backend import db
+from trainguard.backend.models import Base
 
 
 def _tables(url: str) -> set[str]:

@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from backend.tokens import service as tokens
 from tests.support import TOKEN, free_port, wait_for
+from trainguard.backend.tokens import service as tokens
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ class Procs:
 
     def start(self, name: str, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
         """`trainguard <args>` as a process."""
-        return self.spawn(name, [sys.executable, "-m", "agent.cli", *args], env)
+        return self.spawn(name, [sys.executable, "-m", "trainguard.agent.cli", *args], env)
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with (self.tmp / f"{name}.log").open("ab") as log:

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from backend import db
 from tests.reliability.harness import Agent, Backend, Ledger, Procs, agent_tokens
 from tests.support import free_port, wait_for
+from trainguard.backend import db
 
 pytestmark = pytest.mark.slow
 
 DOWN_AFTER_S = 2.0
 RANK = """
 import sys, time
-from agent import sdk
+from trainguard import sdk
 tg = sdk.attach(job="deadjob", rank=0, world_size=1, socket_path=sys.argv[1],
                 heartbeat_interval=0.2)
 step = 0

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from backend import db
 from tests.reliability.harness import Agent, Backend, Ledger, Procs, agent_tokens, batches_stored
 from tests.support import free_port, wait_for
+from trainguard.backend import db
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend import db
 from tests.reliability.harness import (
     ADMIN,
     Agent,
@@ -29,6 +28,7 @@ from tests.reliability.harness import (
 )
 from tests.security.conftest import batch
 from tests.support import free_port, wait_for
+from trainguard.backend import db
 
 pytestmark = pytest.mark.slow
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from backend import db
-from backend.models import Base
 from tests.reliability.harness import Agent, Backend, Procs, agent_tokens
 from tests.security.conftest import batch, bearer
 from tests.support import TOKEN, free_port, wait_for
+from trainguard.backend import db
+from trainguard.backend.models import Base
 
 
 def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
@@ -142,7 +142,7 @@ def test_a_malformed_policy_file_stops_the_server_with_one_line(
     bad = tmp_path / "policy.toml"
     bad.write_text(policy)
     proc = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "server", "--port", str(free_port())],
+        [sys.executable, "-m", "trainguard.agent.cli", "server", "--port", str(free_port())],
         env={
             "PATH": "/usr/bin:/bin",
             "TRAINGUARD_ADMIN_TOKEN": TOKEN,

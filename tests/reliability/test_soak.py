@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.bench.soak import _slope_per_h, run
 from tests.support import free_port
+from trainguard.backend.bench.soak import _slope_per_h, run
 
 pytestmark = pytest.mark.slow
 

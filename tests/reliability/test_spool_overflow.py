@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from backend import db
 from tests.reliability.harness import Agent, Backend, Ledger, Procs, agent_tokens
 from tests.support import free_port, wait_for
+from trainguard.backend import db
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent import sdk
+from trainguard import sdk
 
 
 def bench_sdk(n: int = 200_000, repeats: int = 5) -> None:
@@ -88,8 +88,8 @@ def serve(path: str) -> None:
     import signal
     import threading
 
-    from agent.local import LocalServer
-    from agent.outbox import Outbox
+    from trainguard.agent.local import LocalServer
+    from trainguard.agent.outbox import Outbox
 
     class Host:  # the LocalServer needs an outbox; nothing else of an agent
         config = None
@@ -107,10 +107,10 @@ def serve(path: str) -> None:
 
 
 def bench_restart(kind: str, workdir: Path) -> float:
-    from agent.executor import CommandLoop
-    from agent.wire import Command
     from tests.restarts.harness import fault_time, launch_demo, launch_plain, recovery_s
     from tests.support import wait_for
+    from trainguard.agent.executor import CommandLoop
+    from trainguard.protocol.wire import Command
 
     if kind == "rank0":
         c = launch_plain(

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agent.config import AgentConfig
-from agent.daemon import Agent, build_agent
-from agent.local import LocalServer
-from agent.outbox import Drained
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.daemon import Agent, build_agent
+from trainguard.agent.local import LocalServer
+from trainguard.agent.outbox import Drained
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

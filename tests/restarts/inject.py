@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent import sdk
+from trainguard import sdk
 
 
 class InjectedFault(RuntimeError):

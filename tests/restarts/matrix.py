@@ -30,8 +30,8 @@ from typing import Any
 
 import httpx
 
-from agent import demojob
 from tests.support import AUTH, TOKEN, free_port, wait_for
+from trainguard.agent import demojob
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -173,7 +173,7 @@ class Stack:
         p = self.start(
             "server",
             [
-                *(sys.executable, "-m", "agent.cli", "server"),
+                *(sys.executable, "-m", "trainguard.agent.cli", "server"),
                 *("--port", str(self.port), "--log-level", "warning"),
             ],
             TRAINGUARD_DATA_DIR=str(self.data),
@@ -203,7 +203,7 @@ class Stack:
             self.start(
                 f"agent{i}",
                 [
-                    *(sys.executable, "-m", "agent.cli", "agent", "--server", self.url),
+                    *(sys.executable, "-m", "trainguard.agent.cli", "agent", "--server", self.url),
                     *("--token", TOKEN, "--node", f"mx-node{i}", "--simulate", "2"),
                     *("--interval", "0.5"),
                 ],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent import sdk
+from trainguard import sdk
 
 
 def main() -> int:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from agent import sdk
-from agent.wire import Batch, decode_batch, encode
 from tests.support import free_port, wait_for
+from trainguard import sdk
+from trainguard.protocol.wire import Batch, decode_batch, encode
 
 from .conftest import HERE
 
@@ -25,7 +25,7 @@ UNDER_WRAPPER = """
 import os, sys, time
 from datetime import timedelta as td
 from nvidia_resiliency_ext import inprocess
-from agent import sdk
+from trainguard import sdk
 
 tg = sdk.attach(heartbeat_interval=0.1)
 print("attached", tg.in_process, flush=True)

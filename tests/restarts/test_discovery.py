@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from agent.wire import Batch, RankStatus, decode_batch
 from tests.support import wait_for
+from trainguard.protocol.wire import Batch, RankStatus, decode_batch
 
 from .conftest import HERE, ROOT
 
@@ -118,7 +118,7 @@ def start_agent(tmp_path: Path, ingest: Ingest, procs: list[Any], node: str) -> 
         TRAINGUARD_AGENT_CONFIG=str(tmp_path / "absent.toml"),
         TRAINGUARD_AGENT_SPOOL_DIR=str(tmp_path / f"spool-{node}"),
     )
-    cmd = [sys.executable, "-m", "agent.cli", "agent", "--server", ingest.url]
+    cmd = [sys.executable, "-m", "trainguard.agent.cli", "agent", "--server", ingest.url]
     cmd += ["--token", "test-agent-token", "--node", node, "--simulate", "2", "--interval", "0.2"]
     with log.open("wb") as out:
         procs.append(
@@ -208,7 +208,8 @@ def test_a_second_agent_does_not_take_the_socket_of_a_live_one(
         TRAINGUARD_AGENT_CONFIG=str(tmp_path / "absent.toml"),
         TRAINGUARD_AGENT_SPOOL_DIR=str(tmp_path / "spool-second"),
     )
-    cmd = [sys.executable, "-m", "agent.cli", "agent", "--server", ingest.url, "--token", "t"]
+    cmd = [sys.executable, "-m", "trainguard.agent.cli", "agent"]
+    cmd += ["--server", ingest.url, "--token", "t"]
     second = subprocess.run(
         [*cmd, "--node", "second", "--simulate", "1"],
         env=env,

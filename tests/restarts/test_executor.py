@@ -10,9 +10,9 @@ import threading
 import time
 from typing import Any
 
-from agent.executor import CommandLoop
-from agent.wire import Ack, Command
 from tests.support import wait_for
+from trainguard.agent.executor import CommandLoop
+from trainguard.protocol.wire import Ack, Command
 
 from .conftest import HERE
 

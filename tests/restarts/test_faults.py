@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from agent import faults, sdk
 from tests.support import wait_for
+from trainguard.agent import faults, sdk
 
 
 def test_same_seed_gives_the_same_plan() -> None:

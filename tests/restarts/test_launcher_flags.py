@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import demojob
+from trainguard.agent import demojob
 
 DATA = Path(__file__).resolve().parent / "data"
 MEASURED = dict(demojob.FT_OPTIONS)

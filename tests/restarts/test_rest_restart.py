@@ -44,7 +44,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
     server = start(
         "server",
-        ["-m", "agent.cli", "server", "--port", str(port), "--log-level", "warning"],
+        ["-m", "trainguard.agent.cli", "server", "--port", str(port), "--log-level", "warning"],
         TRAINGUARD_DATA_DIR=str(tmp_path / "data"),
     )
     url = f"http://127.0.0.1:{port}"
@@ -61,7 +61,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         "agent",
         [
             "-m",
-            "agent.cli",
+            "trainguard.agent.cli",
             "agent",
             "--server",
             url,

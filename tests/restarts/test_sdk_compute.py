@@ -7,7 +7,7 @@ from tests.support import wait_for
 
 RANK = """
 import time
-from agent import sdk
+from trainguard import sdk
 tg = sdk.attach()
 for n in range(10):
     with tg.step(n):

@@ -9,8 +9,8 @@ import signal
 import time
 from typing import Any
 
-from agent import sdk
 from tests.support import wait_for
+from trainguard import sdk
 
 from .conftest import HERE
 

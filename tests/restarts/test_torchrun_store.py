@@ -4,7 +4,7 @@ previous generation: the cause of the "Connection refused" restarts under plain 
 
 from __future__ import annotations
 
-from agent import sdk
+from trainguard import sdk
 
 # What torch 2.13's elastic agent puts in a worker's environment (local_elastic_agent.py,
 # _start_workers), for `torchrun --max-restarts 3` with the c10d rendezvous.

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from agent import wire
-from backend.tokens import service
 from tests.support import free_port, wait_for
+from trainguard.backend.tokens import service
+from trainguard.protocol import wire
 
 
 @dataclass(frozen=True)

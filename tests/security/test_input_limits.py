@@ -10,8 +10,8 @@ import msgspec
 import pytest
 from sqlalchemy import create_engine, func, select
 
-from agent import wire
-from backend.models import Event, IngestBatch, Sample, Step
+from trainguard.backend.models import Event, IngestBatch, Sample, Step
+from trainguard.protocol import wire
 
 DAY = 86400.0
 

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from backend.models import AuditLog
-from backend.ratelimit import RateLimiter
 from tests.security.conftest import Tokens, batch, bearer
 from tests.support import TOKEN, wait_for
+from trainguard.backend.models import AuditLog
+from trainguard.backend.ratelimit import RateLimiter
 
 
 class FakeClock:

@@ -25,8 +25,8 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     response_schema_conformance,
 )
 
-from backend.app import create_app  # noqa: E402
-from backend.settings import Settings  # noqa: E402
+from trainguard.backend.app import create_app  # noqa: E402
+from trainguard.backend.settings import Settings  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp / "server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "server", "--port", str(port)],
+            [sys.executable, "-m", "trainguard.agent.cli", "server", "--port", str(port)],
             env={
                 **os.environ,
                 "TRAINGUARD_ADMIN_TOKEN": TOKEN,

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from agent import wire
-from backend.analytics import advice
 from tests.backend.analytics.scenario import T0
 from tests.backend.analytics.test_goodput import _ingest_scenario, _post
+from trainguard.backend.analytics import advice
+from trainguard.protocol import wire
 
 MIN = 60.0
 HOUR = 3600.0

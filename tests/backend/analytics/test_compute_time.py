@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agent import wire
 from tests.support import wait_for
+from trainguard.protocol import wire
 
 T0 = float(int(time.time()) // 3600 * 3600 - 86400)
 

@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from agent import wire
-from backend.analytics.goodput import BUCKETS, CohortStep, account, ideal_step_time
-from backend.models import Incident, Job
 from tests.backend.analytics import scenario
 from tests.backend.analytics.scenario import EXPECTED, EXPECTED_PRODUCTIVE, T0, UNTIL
 from tests.support import wait_for
+from trainguard.backend.analytics.goodput import BUCKETS, CohortStep, account, ideal_step_time
+from trainguard.backend.models import Incident, Job
+from trainguard.protocol import wire
 
 TOL = 1e-3
 

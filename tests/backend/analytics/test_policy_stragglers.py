@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from backend.settings import Settings
+from trainguard.backend.settings import Settings
 
 
 def test_policy_stragglers_table_overrides_the_settings(make_client: Any, tmp_path: Path) -> None:

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from agent import wire
-from backend.analytics.stragglers import (
+from tests.support import wait_for
+from trainguard.backend.analytics.stragglers import (
     StragglerConfig,
     StragglerDetector,
     Transition,
     node_flags,
     score_window,
 )
-from tests.support import wait_for
+from trainguard.protocol import wire
 
 # A fixed hour a day ago: inside the ingest's 7-day window, and the same all test long.
 T0 = float(int(time.time()) // 3600 * 3600 - 86400)
@@ -276,7 +276,7 @@ def test_flags_survive_a_backend_restart(make_client: Any) -> None:
 
 
 def test_the_benchmark_flags_exactly_the_slow_ranks() -> None:
-    from backend.bench.stragglers import run
+    from trainguard.backend.bench.stragglers import run
 
     out = run(ranks=256, window_steps=10, windows=4, slow_fraction=0.05)
     assert out["flagged_exactly_the_slow"] and out["slow_ranks"] == 12

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from backend.bench.chaos import ChaosError, parse_config
-from backend.bench.chaos_checks import (
+from tests.support import wait_for
+from trainguard.backend.bench.chaos import ChaosError, parse_config
+from trainguard.backend.bench.chaos_checks import (
     Command,
     Cordon,
     Fault,
@@ -30,13 +31,12 @@ from backend.bench.chaos_checks import (
     summary,
     timeline_problems,
 )
-from backend.bench.chaos_report import build_report, state_disagreements, table
-from backend.models import TIMELINE
-from tests.support import wait_for
+from trainguard.backend.bench.chaos_report import build_report, state_disagreements, table
+from trainguard.backend.models import TIMELINE
 
 T = 1_800_000_000.0
 ROOT = Path(__file__).resolve().parents[3]
-CHAOS = [sys.executable, "-m", "agent.cli", "bench", "chaos"]
+CHAOS = [sys.executable, "-m", "trainguard.agent.cli", "bench", "chaos"]
 
 
 def _incident(iid: int, fault_at: float | None, **kw: Any) -> dict[str, Any]:

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from backend.analytics import advice
-from backend.bench import checkpoint as bench
+from trainguard.backend.analytics import advice
+from trainguard.backend.bench import checkpoint as bench
 
 ROOT = Path(__file__).resolve().parents[3]
 MIN = 60.0

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.bench import decision
 from tests.support import free_port
+from trainguard.backend.bench import decision
 
 
 @pytest.mark.slow

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, func, select
 
-from backend.bench import ingest
-from backend.models import IngestBatch, Sample
 from tests.support import free_port
+from trainguard.backend.bench import ingest
+from trainguard.backend.models import IngestBatch, Sample
 
 
 @pytest.mark.slow

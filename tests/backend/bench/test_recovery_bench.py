@@ -9,10 +9,14 @@ from typing import Any
 
 import pytest
 
-from agent.wire import Event, StepReport
-from backend.bench import recovery
-from backend.bench.recovery_analysis import analyse
-from backend.bench.recovery_engine import decisions_per_fault, decisions_table, who_reacted
+from trainguard.backend.bench import recovery
+from trainguard.backend.bench.recovery_analysis import analyse
+from trainguard.backend.bench.recovery_engine import (
+    decisions_per_fault,
+    decisions_table,
+    who_reacted,
+)
+from trainguard.protocol.wire import Event, StepReport
 
 T = 1_800_000_000.0
 

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from agent import wire
-from backend.commands import service as commands_service
-from backend.engine.engine import DecisionEngine
-from backend.engine.leader import SingleProcessLeadership
-from backend.engine.policy import load_policy
-from backend.ingest import router as ingest_router
-from backend.models import Command, Incident, Node, Rank
+from trainguard.backend.commands import service as commands_service
+from trainguard.backend.engine.engine import DecisionEngine
+from trainguard.backend.engine.leader import SingleProcessLeadership
+from trainguard.backend.engine.policy import load_policy
+from trainguard.backend.ingest import router as ingest_router
+from trainguard.backend.models import Command, Incident, Node, Rank
+from trainguard.protocol import wire
 
 # Ranks stay "live" for the whole test whatever the test clock says.
 FRESH_S = 3600.0

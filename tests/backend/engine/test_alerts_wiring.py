@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
-from agent import wire
 from tests.support import wait_for
+from trainguard.protocol import wire
 
 
 class Receiver:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import wire
+from trainguard.protocol import wire
 
 
 def test_a_failed_launcher_restart_on_a_one_node_job_never_cordons_it(make_cluster: Any) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from agent import wire
-from backend.models import AuditLog
 from tests.support import wait_for
+from trainguard.backend.models import AuditLog
+from trainguard.protocol import wire
 
 
 def post(client: Any, node: str, seq: int, **kw: Any) -> None:

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from agent import wire
 from tests.invariants import check as check_invariants
 from tests.support import AUTH, TOKEN, free_port, wait_for
+from trainguard.protocol import wire
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -65,7 +65,10 @@ class Stack:
     def server(self) -> subprocess.Popen[bytes]:
         p = self.start(
             "server",
-            ["-m", "agent.cli", "server", "--port", str(self.port), "--log-level", "warning"],
+            [
+                *("-m", "trainguard.agent.cli", "server"),
+                *("--port", str(self.port), "--log-level", "warning"),
+            ],
         )
 
         def ready() -> bool:
@@ -82,7 +85,7 @@ class Stack:
         return self.start(
             "agent",
             [
-                *("-m", "agent.cli", "agent", "--server", self.url, "--token", TOKEN),
+                *("-m", "trainguard.agent.cli", "agent", "--server", self.url, "--token", TOKEN),
                 *("--node", "n1", "--simulate", "2", "--interval", "0.5"),
             ],
             TRAINGUARD_AGENT_SOCKET_PATH=self.sock,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from agent import wire
+from trainguard.protocol import wire
 
 LADDER_POLICY = """
 [escalation]

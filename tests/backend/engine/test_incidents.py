@@ -8,9 +8,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from agent import wire
-from backend.models import AuditLog
 from tests.support import wait_for
+from trainguard.backend.models import AuditLog
+from trainguard.protocol import wire
 
 
 def test_an_xid_and_the_rank_exit_it_causes_are_one_incident(make_cluster: Any) -> None:

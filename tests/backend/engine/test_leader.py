@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from agent import wire
-from backend.engine.leader import (
+from tests.support import AUTH, TOKEN, wait_for
+from trainguard.backend.engine.leader import (
     ENGINE_LOCK_KEY,
     AdvisoryLockLeadership,
     SingleProcessLeadership,
     leadership_for,
 )
-from backend.models import Base
-from tests.support import AUTH, TOKEN, wait_for
+from trainguard.backend.models import Base
+from trainguard.protocol import wire
 
 pytestmark = pytest.mark.postgres
 
@@ -82,8 +82,8 @@ def test_exactly_one_leads_and_the_other_takes_over(pg_database: str) -> None:
 def pg_apps(pg_database: str, tmp_path: Path) -> Iterator[Callable[[], Any]]:
     from fastapi.testclient import TestClient
 
-    from backend.app import create_app
-    from backend.settings import Settings
+    from trainguard.backend.app import create_app
+    from trainguard.backend.settings import Settings
 
     engine = create_engine(pg_database)
     with engine.begin() as conn:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent import wire
-from backend.engine.policy import PolicyError, load_policy
+from trainguard.backend.engine.policy import PolicyError, load_policy
+from trainguard.protocol import wire
 
 READMIT = "[readmission]\nreadmit_after_s = 30\n"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from backend.engine.policy import DEFAULT_POLICY_FILE, PolicyError, load_policy
-from backend.settings import Settings
 from tests.support import TOKEN
+from trainguard.backend.engine.policy import DEFAULT_POLICY_FILE, PolicyError, load_policy
+from trainguard.backend.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -94,7 +94,7 @@ def test_trainguard_server_refuses_a_bad_policy_in_one_line(tmp_path: Path) -> N
         "PYTHONPATH": str(ROOT),
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "server", "--port", "1"],
+        [sys.executable, "-m", "trainguard.agent.cli", "server", "--port", "1"],
         env=env,
         capture_output=True,
         text=True,

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent import wire
-from agent.xid import XID_CATALOG
 from tests.support import wait_for
+from trainguard.agent.xid import XID_CATALOG
+from trainguard.protocol import wire
 
 # What the default policy does with each XID when no GPU reset hook is configured
 # (reference/xid-and-nvml.md): application errors restart in-process; a GPU that needs a

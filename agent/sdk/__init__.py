@@ -1,6 +1,6 @@
 """The in-training SDK: a few lines in a training script report to the node agent.
 
-    from agent import sdk
+    from trainguard import sdk
     tg = sdk.attach()                  # job, rank, world size, attempt from the environment
     for n in range(steps):
         with tg.step(n):               # never blocks; raises RestartRequested at a boundary
