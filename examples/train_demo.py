@@ -7,9 +7,9 @@ Run by agent/demojob.py (two ft_launchers x 2 ranks stand for two nodes), or by 
         --rdzv-endpoint 127.0.0.1:29500 --rdzv-id demo --max-restarts 3 \
         examples/train_demo.py --store-port 29600 --workdir /tmp/tg-demo
 
-The measured configuration (docs/restarts.md, reference nvrx-on-cpu.md):
+The measured configuration (docs/restarts.md):
 - the Wrapper's store is a client of a TCPStore hosted outside the ranks (the agent, or
-  `python -m agent.storehost`), so rank 0 faults are survivable;
+  `python -m trainguard.agent.storehost`), so rank 0 faults are survivable;
 - finalize releases gloo: destroy the process groups, clear the frames of the failed call's
   exception chain, gc.collect() (a peer blocked in a gloo receive is released only when the
   gloo context is destroyed);
@@ -36,15 +36,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from nvidia_resiliency_ext import inprocess
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from trainguard.agent import faults, sdk, storehost
+from trainguard import sdk
+from trainguard.agent import faults, storehost
 
 td = datetime.timedelta
 

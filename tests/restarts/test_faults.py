@@ -6,7 +6,8 @@ import threading
 import pytest
 
 from tests.support import wait_for
-from trainguard.agent import faults, sdk
+from trainguard import sdk
+from trainguard.agent import faults
 
 
 def test_same_seed_gives_the_same_plan() -> None:
