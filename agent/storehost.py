@@ -25,11 +25,18 @@ DEFAULT_PORT = 29600
 
 
 def generation() -> str:
-    """One launcher generation: the restart count and the rendezvous round's master port
-    (the same for every worker of a round, different between rounds)."""
-    return (
-        f"g{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}p{os.environ.get('MASTER_PORT', '0')}"
-    )
+    """One launcher generation, the same string on every node of a rendezvous round.
+
+    Without the agent's shared store (torchrun under TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
+    the README's line: TORCHELASTIC_USE_AGENT_STORE is "False") every round publishes a
+    new master port, and that port alone names the round: torchrun counts a restart only
+    on the node whose workers failed, so TORCHELASTIC_RESTART_COUNT differs between nodes
+    after one node's restart. With the shared store the master port stays the same across
+    rounds, and the restart count tells them apart."""
+    port = os.environ.get("MASTER_PORT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+        return f"p{port}"
+    return f"g{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}p{port}"
 
 
 def run_id(job: str | None = None) -> str:

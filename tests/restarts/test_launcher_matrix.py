@@ -25,14 +25,9 @@ pytestmark = pytest.mark.slow
 
 FULL = os.environ.get("TRAINGUARD_FULL_MATRIX") == "1"
 IN_CI = {"ft_launcher-wrapper-2n"}
-# torchrun counts a restart only on the node whose workers failed, so the Wrapper store's
-# generation `g<TORCHELASTIC_RESTART_COUNT>p<MASTER_PORT>` (agent/storehost.py) differs
-# between the two nodes after a restart that one node's agent started, and the Wrapper's
-# initial barrier never completes. Keyed on the round's master port alone it passed all
-# five faults (docs/restarts.md, "The launcher matrix").
-KNOWN = {
-    "torchrun-wrapper-2n": "agent/storehost.generation() uses torchrun's per-node restart count"
-}
+# torchrun counts a restart only on the node whose workers failed: the Wrapper store's
+# generation is keyed on the round's master port alone under the README's line
+# (agent/storehost.generation(); tests/agent/test_storehost_generation.py).
 
 
 def assert_outcomes(stack: Stack, outcomes: list[Outcome]) -> None:
@@ -68,11 +63,9 @@ def run(stack: Stack, faults: tuple[str, ...]) -> list[Outcome]:
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("cell", CELLS, ids=[c.id for c in CELLS])
-def test_launcher_matrix(cell: Cell, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_launcher_matrix(cell: Cell, tmp_path: Path) -> None:
     if cell.id not in IN_CI and not FULL:
         pytest.skip("the full matrix runs with TRAINGUARD_FULL_MATRIX=1")
-    if cell.id in KNOWN:  # runs, and says so once it passes (strict)
-        request.applymarker(pytest.mark.xfail(reason=KNOWN[cell.id], strict=True))
     stack = Stack(tmp_path, cell)
     try:
         outcomes = run(stack, FAULTS)
