@@ -23,7 +23,7 @@ from trainguard.backend.cluster import cordons
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.hooks import HookResult
 from trainguard.backend.engine.policy import Policy
-from trainguard.backend.models import AuditLog, Command, Gpu, Incident, Job, Node
+from trainguard.backend.models import JOB_ENDED, AuditLog, Command, Gpu, Incident, Job, Node
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ def set_job_state(job: Job, state: str, now: float, reason: str = "") -> None:
     job.state = state
     job.state_since = now
     job.state_reason = reason[:2000]
-    if state in ("finished", "failed", "stopped"):
+    if state in JOB_ENDED:
         job.ended_at = job.ended_at or now
-    else:
+    elif state != "stopped":  # given up on, but its ranks may still be training
         job.ended_at = None
 
 

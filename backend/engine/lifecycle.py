@@ -5,7 +5,8 @@ failed, stopped) and cordoned nodes (readmission).
   left it no schedulable node, `finished` once every rank it had exited 0 and no new
   generation followed within `END_GRACE_S`, `failed` when its ranks are gone, not all
   cleanly, and no generation followed within `escalation.relaunch_wait_s` (the launcher
-  gave up), `stopped` after stop_job. A job seen again after its end runs again.
+  gave up), `stopped` after stop_job while its ranks train on (it then ends finished or
+  failed like any job). A job seen again after its end runs again.
 - A waiting job restarts (launcher) once a node hosting its ranks is readmitted.
 - A node cordoned by the engine is readmitted (policy `[readmission]`) once its agent has
   reported for `readmit_after_s` with every GPU present and no hard XID, and the health
@@ -14,7 +15,7 @@ failed, stopped) and cordoned nodes (readmission).
 
 from __future__ import annotations
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.cluster import cordons
@@ -47,7 +48,7 @@ def job_states(d: Decider, session: Session, now: float) -> None:
             Job.last_seen >= now - LOOKBACK_S,
             or_(
                 Job.state.not_in(JOB_ENDED),
-                and_(Job.state != "stopped", Job.last_seen > Job.ended_at + END_GRACE_S),
+                Job.last_seen > Job.ended_at + END_GRACE_S,
             ),
         )
     ).all()
@@ -66,6 +67,8 @@ def job_states(d: Decider, session: Session, now: float) -> None:
             select(Rank.rank, Rank.alive, Rank.updated_at).where(Rank.job_id == job.id)
         ).all()
         if any(alive for _, alive, _ in ranks) or not ranks:
+            if job.state == "stopped" and not _under_way(inc):
+                continue  # given up on while it trains: stays so until it ends or is acted on
             state = "restarting" if _under_way(inc) else "running"
             _set(d, job, state, now, "")
             continue

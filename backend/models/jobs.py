@@ -18,7 +18,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from trainguard.backend.models.base import Base, BigId
 
 JOB_STATES = ("running", "restarting", "waiting", "finished", "failed", "stopped")
-JOB_ENDED = ("finished", "failed", "stopped")
+# The job's processes are gone. `stopped` (stop_job: trainguard gave up restarting it) is
+# not an end: the job may train on; it ends, finished or failed, when its ranks do.
+JOB_ENDED = ("finished", "failed")
 
 
 class Job(Base):

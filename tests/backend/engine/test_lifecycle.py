@@ -115,6 +115,48 @@ def test_a_job_whose_ranks_exit_0_is_finished_and_its_goodput_stops_there(
     assert g["until"] == pytest.approx(end)
 
 
+STOP_AT_ONCE = """
+[escalation]
+window_s = 600
+in_process = 1
+launcher = 1
+[limits]
+cooldown_s = 0
+"""
+
+
+def test_a_job_given_up_on_trains_on_and_ends_when_its_ranks_do(make_cluster: Any) -> None:
+    # The demo, watched for an hour: stop_job ended the job's goodput at the decision
+    # while it trained on for minutes, and it stayed "stopped" after it finished.
+    c = make_cluster(STOP_AT_ONCE)
+    c.job("job", {"n1": (0, 1)})
+    for _ in range(3):  # in_process, launcher, then stop_job
+        c.clock.advance(30)
+        c.event("n1", "exception", job="job", rank=0, message="RuntimeError: boom")
+        c.decide()
+        c.recover()
+    assert [i["level"] for i in c.incidents("job")] == ["in_process", "launcher", "stop_job"]
+    c.clock.advance(30)
+    c.job("job", {"n1": (0, 1)}, step=200)  # its ranks step on
+    c.decide()
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "stopped" and job["ended_at"] is None  # goodput runs on
+    c.clock.advance(1)
+    end = c.clock.t
+    c.post(
+        "n1",
+        ranks=[wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False) for r in (0, 1)],
+        events=[
+            wire.Event(kind="rank_exit", ts=end, job="job", rank=r, data={"exit_code": 0})
+            for r in (0, 1)
+        ],
+    )
+    c.clock.advance(10)
+    c.decide()
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "finished" and job["ended_at"] == pytest.approx(end)
+
+
 def test_an_unclean_exit_is_a_fault_whatever_it_says(make_cluster: Any) -> None:
     c = make_cluster()
     c.job("job", {"n1": (0, 1)})
