@@ -1,5 +1,5 @@
-// Small builders shared by the views: tables, fact lists, and the honest states of a
-// panel whose data comes from a route this server may not have yet.
+// Small builders shared by the views: tables, fact lists, panel sections, and the honest
+// states of a panel whose data comes from a route this server may not have yet.
 import { isMissingRoute } from "../api.js";
 import { errorBox, h } from "./dom.js";
 
@@ -38,3 +38,16 @@ export function failure(what, error, missingText) {
   return errorBox(`Could not load ${what}`, error);
 }
 
+
+/**
+ * <section class="panel"> titled by its <h2 id=id>: head goes beside the heading in the
+ * panel's head (a filter, a link), body below it.
+ */
+export function section(id, heading, head, ...body) {
+  return h(
+    "section",
+    { class: "panel", "aria-labelledby": id },
+    h("div", { class: "panel-head" }, h("h2", { id }, heading), head),
+    body,
+  );
+}

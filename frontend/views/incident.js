@@ -13,9 +13,9 @@ import { xidLabel } from "../components/events-feed.js";
 import { breakerHold, decisionButtons, pendingWhy } from "../lib/approvals.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import { duration, jobStateBadge, timeEl } from "../lib/format.js";
+import { statusTag } from "../lib/incidents.js";
 import { factItems, table } from "../lib/panels.js";
 import { loadXidCatalog } from "../lib/xids.js";
-import { statusTag } from "./incidents.js";
 
 export const title = (params) => `Incident #${params.id}`;
 

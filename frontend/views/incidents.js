@@ -7,22 +7,13 @@ import { apiGet, isMissingRoute } from "../api.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import { duration, timeEl } from "../lib/format.js";
 import { breakerHold, decisionButtons, pendingWhy } from "../lib/approvals.js";
+import { reachedPhase, recoveredByItself, statusTag } from "../lib/incidents.js";
 import { table } from "../lib/panels.js";
-import { reachedPhase } from "./overview.js";
 
 export const title = "Incidents";
 
 const STATUSES = ["open", "pending", "resolved", "failed", "rejected", "stopped"];
 const EVERY_S = 10;
-
-export function statusTag(status) {
-  return h("span", { class: `incident-status incident-${status}` }, status);
-}
-
-/** An incident that ended without a command of trainguard's (NVRx or the launcher recovered it). */
-export function recoveredByItself(incident) {
-  return typeof incident?.outcome === "string" && incident.outcome.startsWith("recovered by itself");
-}
 
 function trigger(i) {
   return `${i.trigger ?? "\u2014"}${i.triggered_by ? ` (${i.triggered_by})` : ""}`;
