@@ -111,7 +111,8 @@ export function statusBadge(status) {
 
 // Job states (DESIGN.md, glossary): each with its own colour and a word, never colour alone.
 export const JOB_STATES = ["running", "restarting", "waiting", "finished", "failed", "stopped"];
-export const JOB_ENDED = ["finished", "failed", "stopped"];
+// A stopped job (automatic restarts given up) may train on: it ends finished or failed.
+export const JOB_ENDED = ["finished", "failed"];
 
 const JOB_STATE_HINT = {
   running: "training: its ranks are reporting",
@@ -119,7 +120,7 @@ const JOB_STATE_HINT = {
   waiting: "no schedulable node is left for the job",
   finished: "every rank exited 0 at the end",
   failed: "its ranks are gone and the launcher gave up",
-  stopped: "stopped by trainguard (stop_job): it gave up restarting",
+  stopped: "trainguard gave up restarting it (stop_job): an operator must act; it may still be training",
   idle: "no state from this server; the job has not reported for a while",
   unknown: "unknown state",
 };
