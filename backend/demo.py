@@ -27,7 +27,7 @@ from typing import Any
 from urllib.error import URLError
 from urllib.request import urlopen
 
-from trainguard.agent import demojob
+from trainguard.backend import demojob
 
 # The demo job: steps of about 0.2 s (the sleep stands for model work on top of the tiny
 # MLP's few milliseconds), so a run of 1,500 steps trains for about 5 minutes, and its 5

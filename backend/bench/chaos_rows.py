@@ -26,7 +26,7 @@ def workers(launcher_pid: int, seen: dict[int, str]) -> list[tuple[int, int, flo
     """(rank, pid, age in seconds) of a launcher's live training processes; every
     descendant goes into `seen` so that the bench can end whatever a launcher leaves
     behind."""
-    from trainguard.agent import demojob
+    from trainguard.backend import demojob
 
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     tick = os.sysconf("SC_CLK_TCK")

@@ -77,11 +77,11 @@ class Nodes:
     ) -> None:
         """With `server`, each agent posts to that backend and runs its command executor
         (recovery_engine.ConnectedAgent); without, the bench reads the outboxes itself."""
-        from trainguard.agent import demojob
         from trainguard.agent.config import AgentConfig
         from trainguard.agent.daemon import build_agent
         from trainguard.agent.local import LocalServer
         from trainguard.agent.storehost import StoreHost
+        from trainguard.backend import demojob
 
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
@@ -163,7 +163,7 @@ def supervise(
     """Launch the demo job and wait until every launcher exited 0. With `relaunch`, any
     launcher that exits non-zero makes the supervisor kill the whole job and start it
     afresh (the baseline); otherwise a failed launcher fails the run."""
-    from trainguard.agent import demojob
+    from trainguard.backend import demojob
 
     t0 = time.time()
     procs = demojob.launch(nodes.workdir, nodes.sockets, nodes.store.port, **launch_kw)

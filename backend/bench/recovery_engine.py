@@ -101,7 +101,7 @@ class Backend:
     """`trainguard server` on SQLite in `workdir`, with the bench's policy file."""
 
     def __init__(self, workdir: Path, policy: str | os.PathLike[str] | None = None) -> None:
-        from trainguard.agent import demojob
+        from trainguard.backend import demojob
         from trainguard.backend.demo import start_server
 
         workdir.mkdir(parents=True, exist_ok=True)

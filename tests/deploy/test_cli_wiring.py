@@ -1,8 +1,9 @@
 """The deploy options end to end through the real CLI: `trainguard server --log-format
 json` and `trainguard agent --simulate 2 --metrics-port P` as real processes, the agent
-delivering to the server and serving dcgm-exporter-named metrics. The options are added
-to agent/cli.py with this issue (docs/deploy.md, "CLI wiring"); until they are there,
-these tests skip and say why."""
+delivering to the server and serving dcgm-exporter-named metrics. The options are in
+backend/cli.py (server) and agent/cli.py (agent), both reached through the one root
+command (docs/deploy.md, "CLI wiring"); where one is missing, these tests skip and say
+why."""
 
 from __future__ import annotations
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.agent import demojob
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import Agent, build_agent
 from trainguard.agent.local import LocalServer
 from trainguard.agent.storehost import StoreHost
+from trainguard.backend import demojob
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train_demo.py"

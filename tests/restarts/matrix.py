@@ -3,7 +3,7 @@
 ft_launcher, with or without NVRx's Wrapper, that takes several faults in a row.
 
 - torchrun: the line docs/restarts.md recommends (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`,
-  c10d rendezvous on 127.0.0.1, `--rdzv-id`); ft_launcher: agent/demojob.py's command
+  c10d rendezvous on 127.0.0.1, `--rdzv-id`); ft_launcher: backend/demojob.py's command
   (the flags the installed ft_launcher accepts).
 - Without the Wrapper the script is examples/train_user.py (written from the README's SDK
   snippet); with it, examples/train_demo.py (the Wrapper's store hosted by the first
@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from tests.support import AUTH, TOKEN, free_port, wait_for
-from trainguard.agent import demojob
+from trainguard.backend import demojob
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -1,5 +1,5 @@
 """The demo's ft_launcher command passes only the flags the installed ft_launcher accepts
-(agent/demojob.py). The help texts under data/ are ft_launcher's `--help` of NVRx 0.4.1
+(backend/demojob.py). The help texts under data/ are ft_launcher's `--help` of NVRx 0.4.1
 (installed here), 0.6.0 and 0.7.0-main (their argparse parsers built from the tagged
 sources: their wheels need glibc 2.39), recorded with COLUMNS=1000."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.agent import demojob
+from trainguard.backend import demojob
 
 DATA = Path(__file__).resolve().parent / "data"
 MEASURED = dict(demojob.FT_OPTIONS)

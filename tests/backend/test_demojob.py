@@ -1,4 +1,4 @@
-"""The demo job's process handling (agent/demojob.py) on real processes: the tree below a
+"""The demo job's process handling (backend/demojob.py) on real processes: the tree below a
 process, a daemonized descendant kept in it by a subreaper, and ending all of them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 from tests.support import wait_for
-from trainguard.agent import demojob
+from trainguard.backend import demojob
 
 # A parent that ignores SIGTERM, with a child in a session of its own (as ft_launcher
 # starts its workers).
@@ -28,7 +28,7 @@ STUBBORN = textwrap.dedent(
 SUBREAPER = textwrap.dedent(
     """
     import os, sys, time
-    from trainguard.agent import demojob
+    from trainguard.backend import demojob
     assert demojob.become_subreaper()
     child = os.fork()
     if child == 0:

@@ -3,9 +3,12 @@
 Each launcher's workers talk to their own agent (one socket per imitated node, through
 TRAINGUARD_AGENT_SOCKET); both launchers meet in a c10d rendezvous on 127.0.0.1; the
 Wrapper's store is the one hosted at `store_port` (by the first node's agent, or
-`python -m agent.storehost`). The launcher flags are the ones measured in
+`python -m trainguard.agent.storehost`). The launcher flags are the ones measured in
 docs/restarts.md, each passed only when the installed ft_launcher has it
 (`launcher_options` reads its `--help` once).
+
+The demo (backend/demo.py) and the benchmarks use it; it talks to agents only through
+their sockets, so the backend needs nothing of the agent for it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+# The repository in a checkout, site-packages/trainguard in an install: examples/ (package
+# data trainguard.examples) lies under both.
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "examples" / "train_demo.py"
 

@@ -1,0 +1,326 @@
+"""`trainguard bench`: the benchmarks (results go to docs/benchmarks.md).
+
+They run from a checkout (`pip install -e .`), not from the wheel: backend/bench is left
+out of its packages, and the root CLI says so in one line when this module is missing.
+Each command imports its benchmark when it runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainguard.backend.cli import DbUrlOpt, fail
+
+app = typer.Typer(help="Benchmarks (results go to docs/benchmarks.md).", no_args_is_help=True)
+
+
+@app.command("ingest")
+def bench_ingest(
+    nodes: Annotated[int, typer.Option(min=1, help="simulated nodes")] = 256,
+    gpus: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node")] = 8,
+    duration: Annotated[float, typer.Option(min=1, help="seconds of load")] = 30,
+    period: Annotated[float, typer.Option(min=0.01, help="seconds between a GPU's samples")] = 1,
+    batch_interval: Annotated[
+        float | None,
+        typer.Option(min=0.01, help="seconds between a node's batches (default: --period)"),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="load generator processes")] = 1,
+    database_url: DbUrlOpt = None,
+    data_dir: Annotated[Path, typer.Option()] = Path("data/bench"),
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8311,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """Sustained end-to-end ingest: load generators -> HTTP -> one backend -> database."""
+    from trainguard.backend.bench.ingest import run
+
+    _print_report(
+        run(
+            nodes,
+            gpus,
+            duration,
+            period,
+            workers,
+            database_url,
+            data_dir,
+            port,
+            json_out,
+            batch_interval=batch_interval,
+        )
+    )
+
+
+@app.command("stragglers")
+def bench_stragglers(
+    ranks: Annotated[int, typer.Option(min=2)] = 16384,
+    window_steps: Annotated[int, typer.Option(min=2)] = 20,
+    windows: Annotated[int, typer.Option(min=1)] = 8,
+    slow_fraction: Annotated[float, typer.Option(min=0, max=1)] = 0.01,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Straggler scoring cost per window for N ranks (target < 100 ms on one core)."""
+    from trainguard.backend.bench.stragglers import run
+
+    _print_report(
+        run(
+            ranks=ranks,
+            window_steps=window_steps,
+            windows=windows,
+            slow_fraction=slow_fraction,
+            seed=seed,
+        )
+    )
+
+
+@app.command("decision")
+def bench_decision(
+    events: Annotated[int, typer.Option(min=1, help="evidence events to time")] = 200,
+    interval: Annotated[float, typer.Option(min=0, help="seconds between events")] = 0.1,
+    database_url: DbUrlOpt = None,
+    data_dir: Annotated[Path, typer.Option()] = Path("data/bench-decision"),
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8313,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+    load_nodes: Annotated[
+        int, typer.Option(min=0, help="8-GPU nodes of ingest load meanwhile (0: none)")
+    ] = 0,
+    load_batch_interval: Annotated[
+        float, typer.Option(min=0.5, max=30, help="seconds between a load node's batches")
+    ] = 4.0,
+) -> None:
+    """Evidence arrival -> decision -> command acked by a real agent, p50/p99."""
+    from trainguard.backend.bench.decision import run
+
+    try:
+        report = run(
+            events=events,
+            interval=interval,
+            database_url=database_url,
+            data_dir=data_dir,
+            port=port,
+            out_json=json_out,
+            load_nodes=load_nodes,
+            load_batch_interval=load_batch_interval,
+        )
+    except RuntimeError as exc:  # the ingest load did not run: no result
+        fail(str(exc))
+    _print_report(report)
+
+
+@app.command("recovery")
+def bench_recovery(
+    modes: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated: baseline,launcher,in_process (one fault kind each); "
+            "mixed_baseline,mixed_launcher,mixed_nvrx,engine,engine_after_nvrx (mixed kinds)"
+        ),
+    ] = "baseline,launcher,in_process",
+    faults: Annotated[int, typer.Option(min=1, max=50)] = 5,
+    seed: Annotated[int, typer.Option()] = 42,
+    after_step: Annotated[int, typer.Option(min=1)] = 10,
+    steps: Annotated[int, typer.Option(min=20)] = 300,
+) -> None:
+    """The AWS NVRx experiment on CPU: full restart vs launcher vs in-process, same faults."""
+    from trainguard.backend.bench.recovery import ALL_MODES, run, table
+
+    wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
+    bad = [m for m in wanted if m not in ALL_MODES]
+    if bad or not wanted:
+        fail(f"--modes takes {', '.join(ALL_MODES)}; not {', '.join(bad) or 'nothing'}")
+    typer.echo(
+        table(run(modes=wanted, faults=faults, seed=seed, after_step=after_step, steps=steps))
+    )
+
+
+@app.command("chaos")
+def bench_chaos(
+    minutes: Annotated[str, typer.Option(metavar="M", help="minutes of faults")] = "10",
+    seed: Annotated[
+        str, typer.Option(metavar="S", help="seeds the faults and agent deaths")
+    ] = "42",
+    out: Annotated[Path | None, typer.Option(help="write the JSON report here")] = None,
+    agent_every: Annotated[
+        str, typer.Option(metavar="SECONDS", help="mean time between agent deaths (0: none)")
+    ] = "90",
+    steps: Annotated[str, typer.Option(metavar="N", help="steps per job run")] = "800",
+    faults_per_run: Annotated[str, typer.Option(metavar="N", help="faults per job run")] = "5",
+    policy: Annotated[
+        Path | None, typer.Option(help="a policy TOML for the server (default: its defaults)")
+    ] = None,
+    workdir: Annotated[Path | None, typer.Option(help="keep the run's files here")] = None,
+) -> None:
+    """The demo job under mixed seeded faults (exception, SIGKILL, hang, XID 79, agent
+    death) against a real server for M minutes: incidents, wrongful actions, recovery."""
+    from trainguard.backend.bench.chaos import ChaosError, parse_config, run
+    from trainguard.backend.bench.chaos_report import table
+
+    try:
+        cfg = parse_config(minutes, seed, agent_every, steps, faults_per_run)
+        if policy is not None:
+            if not policy.is_file():
+                raise ChaosError(f"--policy: no file {policy}")
+            cfg.policy = str(policy.resolve())
+        report = run(cfg, workdir=workdir, out=out)
+    except ChaosError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted before the report; every process it started was stopped", 130)
+    typer.echo(table(report))
+    if report["interrupted"]:
+        raise typer.Exit(130)
+
+
+@app.command("checkpoint")
+def bench_checkpoint(
+    intervals: Annotated[str, typer.Option(help="comma-separated checkpoint intervals")] = "10,50",
+    steps: Annotated[int, typer.Option(min=20)] = 300,
+    modes: Annotated[str, typer.Option(help="comma-separated save modes")] = "",
+    advice: Annotated[
+        bool, typer.Option(help="also run the async modes at the advised interval")
+    ] = True,
+    mtbf_h: Annotated[
+        float, typer.Option(min=0.0, help="MTBF for the advice, hours (0: Llama 3's job)")
+    ] = 0.0,
+    repeats: Annotated[int, typer.Option(min=1, max=10)] = 2,
+) -> None:
+    """Training with no checkpoint vs torch.save vs DCP save vs DCP async_save (and its
+    staged variant), then the async modes at the interval the advice recommends."""
+    from trainguard.backend.bench.checkpoint import (
+        ALL_SAVE_MODES,
+        DEFAULT_MTBF_S,
+        SAVE_MODES,
+        run,
+        table,
+    )
+
+    try:
+        every = tuple(int(x) for x in intervals.split(",") if x.strip())
+    except ValueError:
+        fail(f"--intervals takes integers like 10,50, not {intervals!r}")
+    if not every or min(every) < 1:
+        fail("--intervals needs positive integers")
+    wanted = tuple(m.strip() for m in modes.split(",") if m.strip()) or SAVE_MODES
+    bad = [m for m in wanted if m not in ALL_SAVE_MODES]
+    if bad:
+        fail(f"--modes takes {', '.join(ALL_SAVE_MODES)}; not {', '.join(bad)}")
+    result = run(
+        intervals=every,
+        steps=steps,
+        modes=wanted,
+        advice_runs=advice,
+        mtbf_s=mtbf_h * 3600 if mtbf_h else DEFAULT_MTBF_S,
+        repeats=repeats,
+    )
+    typer.echo(table(result))
+
+
+@app.command("soak")
+def bench_soak(
+    minutes: Annotated[float, typer.Option(min=0.1)] = 10,
+    nodes: Annotated[int, typer.Option(min=0, help="simulated nodes of the load generator")] = 256,
+    agents: Annotated[int, typer.Option(min=0, max=64, help="real agent processes")] = 4,
+    gpus: Annotated[int, typer.Option(min=1, max=64)] = 8,
+    period: Annotated[float, typer.Option(min=0.01)] = 1,
+    workers: Annotated[int, typer.Option(min=1, max=64)] = 1,
+    every: Annotated[float, typer.Option(min=0.5, help="seconds between RSS readings")] = 10,
+    database_url: DbUrlOpt = None,
+    data_dir: Annotated[Path, typer.Option()] = Path("data/soak"),
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8316,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """Memory over a sustained ingest run: backend and agent RSS at start, middle, end."""
+    from trainguard.backend.bench.soak import run
+
+    _print_report(
+        run(
+            minutes,
+            nodes,
+            agents,
+            gpus,
+            period,
+            workers,
+            database_url,
+            data_dir,
+            port,
+            every_s=every,
+            json_out=json_out,
+        )
+    )
+
+
+@app.command("agent")
+def bench_agent(
+    duration: Annotated[float, typer.Option(min=5, help="seconds measured")] = 60,
+    gpus: Annotated[int, typer.Option(min=1, max=64)] = 8,
+    ranks: Annotated[int, typer.Option(min=1, max=64)] = 8,
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8312,
+    sdk_flush_s: Annotated[
+        float | None,
+        typer.Option(min=0.01, max=10, help="ranks' SDK flush interval; default: the SDK's"),
+    ] = None,
+) -> None:
+    """Agent CPU and RSS with simulated GPUs and SDK ranks; the SDK step-hook cost."""
+    from trainguard.backend.bench.agent import run
+
+    _print_report(
+        run(duration=duration, gpus=gpus, ranks=ranks, port=port, sdk_flush_s=sdk_flush_s)
+    )
+
+
+@app.command("retention")
+def bench_retention(
+    gpus: Annotated[int, typer.Option(min=1, max=4096, help="GPUs measured (8 a node)")] = 8,
+    days: Annotated[float, typer.Option(min=0.1, max=365, help="simulated days")] = 30,
+    period: Annotated[float, typer.Option(min=0.1, help="seconds between samples")] = 1,
+    old_period: Annotated[
+        float, typer.Option(help="seconds between samples older than --dense-hours")
+    ] = 60,
+    dense_hours: Annotated[
+        float | None, typer.Option(min=0, help="hours at --period; default 2 raw windows")
+    ] = None,
+    raw_hours: Annotated[float, typer.Option(min=0.01, help="raw window")] = 6,
+    rollup_60_days: Annotated[float, typer.Option(min=0.01, help="60 s rollups kept")] = 7,
+    rollup_900_days: Annotated[float, typer.Option(min=0.01, help="900 s rollups kept")] = 90,
+    cluster_gpus: Annotated[int, typer.Option(min=1, help="GPUs extrapolated to")] = 16384,
+    requests: Annotated[int, typer.Option(min=0, help="timed requests per read; 0: none")] = 30,
+    database_url: DbUrlOpt = None,
+    data_dir: Annotated[Path, typer.Option()] = Path("data/bench-retention"),
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8317,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """Database size per retention tier over simulated days, extrapolated to a cluster;
+    latency of the node page's chart reads over it."""
+    from trainguard.backend.bench.retention import BenchError, run, table
+    from trainguard.backend.retention import RetentionPolicy
+
+    if old_period < period:
+        fail("--old-period must be at least --period")
+    if not raw_hours * 3600 < rollup_60_days * 86400 < rollup_900_days * 86400:
+        fail("retention must grow: --raw-hours < --rollup-60-days < --rollup-900-days")
+    policy = RetentionPolicy(raw_hours * 3600, rollup_60_days * 86400, rollup_900_days * 86400)
+    try:
+        result = run(
+            gpus=gpus,
+            days=days,
+            period=period,
+            old_period=old_period,
+            dense_s=None if dense_hours is None else dense_hours * 3600,
+            cluster_gpus=cluster_gpus,
+            requests=requests,
+            policy=policy,
+            database_url=database_url,
+            data_dir=data_dir,
+            port=port,
+            json_out=json_out,
+        )
+    except BenchError as exc:
+        fail(str(exc))
+    typer.echo(table(result))
+
+
+def _print_report(report: dict) -> None:  # type: ignore[type-arg]
+    width = max(len(k) for k in report)
+    for k, v in report.items():
+        typer.echo(f"{k:<{width}}  {v}")
