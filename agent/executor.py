@@ -25,6 +25,10 @@ it. A command finding ranks already in a later generation than the fault's (the
 command's attempt/iteration) acks that restart the same way and restarts nothing.
 
 A phase that does not happen within its timeout is acked `failed` with what was missing.
+
+The loop and the phases both levels share are here; the in_process level is
+agent/executor_in_process.py, the launcher level (and following a launcher's own restart)
+agent/executor_launcher.py.
 """
 
 from __future__ import annotations
@@ -32,17 +36,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import threading
 import time
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
 
-from trainguard.agent.local import LocalServer, proc_info
+from trainguard.agent.executor_in_process import InProcessRestart
+from trainguard.agent.local import LocalServer
 from trainguard.protocol.wire import Ack, Command
 
 log = logging.getLogger(__name__)
@@ -145,7 +148,7 @@ class DoneLog:
             return True
 
 
-class CommandLoop:
+class CommandLoop(InProcessRestart):
     def __init__(
         self,
         agent: Any,
@@ -262,72 +265,7 @@ class CommandLoop:
             log.exception("command %s failed", cmd.id)
             self._ack(cmd.id, "failed", time.time(), f"{type(exc).__name__}: {exc}")
 
-    def _param(self, cmd: Command, name: str, default: float) -> float:
-        value = cmd.params.get(name)
-        return float(value) if isinstance(value, int | float) else default
-
-    def _in_process(self, cmd: Command) -> None:
-        local, job = self.local, cmd.job
-        with local.cond:
-            before = {r.pid: r.iteration for r in local.job_ranks(job)}
-            known = list(local.job_ranks(job, alive_only=False))
-            served = self._already_restarted(cmd, "in_process")
-        if not before:
-            # Nothing to restart in process: the launcher may be restarting the workers.
-            self._follow_launcher(cmd, known)
-            return
-        if served is not None:
-            # NVRx's Wrapper restarts on an exception by itself: when every rank is already
-            # past the fault's generation, a second restart would only cost time.
-            self._report_served(cmd, served)
-            return
-        local.request_restart(job, cmd.id, cmd.reason or "in_process restart requested")
-
-        def torn_down() -> float | None:
-            stamps = [
-                r.restart_raised[cmd.id]
-                for r in local.job_ranks(job, alive_only=False)
-                if cmd.id in r.restart_raised
-            ]
-            moved = [
-                r
-                for r in local.job_ranks(job, alive_only=False)
-                if r.pid in before and r.iteration != before[r.pid]
-            ]
-            if stamps:
-                return min(stamps)
-            if moved:
-                return time.time()
-            dead = [r for r in local.job_ranks(job, alive_only=False) if r.pid in before]
-            return -1.0 if all(not r.alive for r in dead) else None
-
-        ts = local.wait_until(torn_down, self.torn_down_timeout_s)
-        if ts is not None and ts < 0:
-            self._follow_launcher(cmd, known)  # every rank died before it could raise
-            return
-        if ts is None:
-            self._ack(cmd.id, "failed", time.time(), "no rank raised the restart request")
-            return
-        self._ack(cmd.id, "torn_down", ts)
-
-        def restarted() -> float | None:
-            recs = [r for r in local.job_ranks(job, alive_only=False) if r.pid in before]
-            if any(not r.alive for r in recs):
-                return -1.0  # a rank died: the launcher takes over
-            if all(r.iteration != before[r.pid] for r in recs):
-                return max(r.iteration_started_at for r in recs)
-            return None
-
-        ts = local.wait_until(restarted, self.restarted_timeout_s)
-        if ts is not None and ts < 0:
-            self._follow_launcher(cmd, known, acked={"torn_down"})
-            return
-        if ts is None:
-            self._ack(cmd.id, "failed", time.time(), "ranks did not re-enter")
-            return
-        self._ack(cmd.id, "restarted", ts)
-
-        self._ack_resumed(cmd, set(before))
+    # --- both restart levels ----------------------------------------------------------
 
     def _ack_resumed(self, cmd: Command, pids: set[int], detail: str = "") -> None:
         """Ack `resumed` at the first completed step of every one of these ranks in its
@@ -387,119 +325,6 @@ class CommandLoop:
         self._ack(cmd.id, "torn_down", min(started), detail)
         self._ack(cmd.id, "restarted", max(started), detail)
         self._ack_resumed(cmd, {r.pid for r in recs}, detail)
-
-    def _follow_launcher(self, cmd: Command, known: list[Any], acked: Collection[str] = ()) -> None:
-        """The job's workers here are gone (or going) although the command did not end
-        them: their launcher is restarting the worker group (ft_launcher after a rank
-        death). Wait for its new workers and ack that restart, with its own times, as
-        this command's; `failed` only when no launcher lives to restart them (after
-        `relaunch_grace_s`) or no new workers come within `restarted_timeout_s`.
-
-        `known`: every record of the job here (alive or exited) when the command came, or
-        of the generation that died; `acked`: the phases this command acked already."""
-        local, job = self.local, cmd.job
-        if not known or all(r.clean_exit or r.finished for r in known):
-            # Never here, or its ranks here finished their work: nothing will come back.
-            self._ack(cmd.id, "failed", time.time(), f"no live rank of job {job} on this node")
-            return
-        old = {r.pid for r in known}
-        latest = max(r.attempt for r in known)
-        expected = len({r.rank for r in known if r.attempt == latest})
-        parents = {r.ppid for r in known if r.ppid > 1 and r.ppid != os.getpid()}
-        since = time.monotonic()
-
-        def new_workers() -> list[Any] | None:
-            fresh = [r for r in local.job_ranks(job) if r.pid not in old]
-            if len(fresh) >= expected:
-                return fresh
-            if time.monotonic() - since > self.relaunch_grace_s and not any(
-                self._alive(p, 0) for p in parents
-            ):
-                return []  # nobody left to start them
-            return None
-
-        fresh = local.wait_until(new_workers, self.restarted_timeout_s)
-        if not fresh:
-            why = (
-                "their launcher is gone"
-                if fresh is not None
-                else f"the launcher started no new workers within {self.restarted_timeout_s:g} s"
-            )
-            self._ack(cmd.id, "failed", time.time(), f"the workers of job {job} exited and {why}")
-            return
-        detail = f"restarted by the job's launcher (attempt {max(r.attempt for r in fresh)})"
-        if "torn_down" not in acked:
-            with local.cond:
-                ends = [r.exited_at for r in local.job_ranks(job, alive_only=False) if r.pid in old]
-            gone = [e for e in ends if e is not None]
-            self._ack(cmd.id, "torn_down", max(gone) if gone else time.time(), detail)
-        if "restarted" not in acked:
-            self._ack(cmd.id, "restarted", max(r.registered_at for r in fresh), detail)
-        self._ack_resumed(cmd, {r.pid for r in fresh}, detail)
-
-    def _launcher(self, cmd: Command) -> None:
-        local, job = self.local, cmd.job
-        grace = self._param(cmd, "grace_s", self.grace_s)
-        with local.cond:
-            recs = local.job_ranks(job)
-            known = list(local.job_ranks(job, alive_only=False))
-            served = self._already_restarted(cmd, "launcher")
-            launchers = {r.ppid for r in recs}
-            victims = {
-                r.pid: r.start_ticks
-                for r in recs
-                if r.pid not in launchers and r.pid != os.getpid()
-            }
-        if served is not None:
-            # The launcher already made a new generation after the fault: ending it would
-            # only restart the job a second time.
-            self._report_served(cmd, served)
-            return
-        if not victims:
-            self._follow_launcher(cmd, known)
-            return
-        self._signal_all(victims, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and not self._all_gone(victims):
-            time.sleep(0.05)
-        if not self._all_gone(victims):
-            self._signal_all(victims, signal.SIGKILL)
-            deadline = time.monotonic() + self.torn_down_timeout_s
-            while time.monotonic() < deadline and not self._all_gone(victims):
-                time.sleep(0.05)
-        if not self._all_gone(victims):
-            self._ack(cmd.id, "failed", time.time(), "worker processes did not end")
-            return
-        self._ack(cmd.id, "torn_down", time.time(), f"ended {len(victims)} worker(s)")
-
-        def new_ranks() -> list[Any] | None:
-            fresh = [r for r in local.job_ranks(job) if r.pid not in victims]
-            return fresh if len(fresh) >= len(victims) else None
-
-        fresh = local.wait_until(new_ranks, self.restarted_timeout_s)
-        if fresh is None:
-            self._ack(cmd.id, "failed", time.time(), "the launcher did not start new workers")
-            return
-        self._ack(cmd.id, "restarted", max(r.registered_at for r in fresh))
-        pids = {r.pid for r in fresh}
-
-        self._ack_resumed(cmd, pids)
-
-    @staticmethod
-    def _alive(pid: int, start_ticks: int) -> bool:
-        info = proc_info(pid)
-        if info is None or info.state in ("Z", "X"):
-            return False
-        return not start_ticks or info.start_ticks == start_ticks
-
-    def _all_gone(self, victims: dict[int, int]) -> bool:
-        return not any(self._alive(pid, st) for pid, st in victims.items())
-
-    def _signal_all(self, victims: dict[int, int], sig: int) -> None:
-        for pid, st in victims.items():
-            if self._alive(pid, st):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
 
 
 def _int(v: Any) -> int | None:

@@ -26,8 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.agent.xid import describe_xid
 from trainguard.backend.models import TIMELINE
+from trainguard.protocol.xid import describe_xid
 
 # The XID buckets that say nothing about the node's hardware (DESIGN.md "Do no harm": a
 # hard XID is evidence, these are not); every other bucket, and gpu_lost, is hard.

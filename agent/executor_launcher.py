@@ -1,0 +1,155 @@
+"""The launcher restart of the command executor (CommandLoop, agent/executor.py): SIGTERM
+to the job's worker processes on this node (never their launcher), SIGKILL after
+`grace_s`, then the launcher's new workers; and following a restart the launcher does by
+itself (ft_launcher restarting its worker group after a rank death), which both restart
+levels fall back to when the job's workers here are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from trainguard.agent.local import LocalServer, proc_info
+from trainguard.protocol.wire import Command
+
+
+class LauncherRestart:
+    """CommandLoop's launcher level; the loop holds the settings and the acks below."""
+
+    local: LocalServer
+    grace_s: float
+    torn_down_timeout_s: float
+    restarted_timeout_s: float
+    relaunch_grace_s: float
+
+    if TYPE_CHECKING:  # CommandLoop's (agent/executor.py), shared by both levels
+
+        def _ack(self, command_id: str, phase: str, ts: float, detail: str = "") -> None: ...
+
+        def _ack_resumed(self, cmd: Command, pids: set[int], detail: str = "") -> None: ...
+
+        def _already_restarted(self, cmd: Command, level: str) -> list[Any] | None: ...
+
+        def _report_served(self, cmd: Command, recs: list[Any]) -> None: ...
+
+    def _param(self, cmd: Command, name: str, default: float) -> float:
+        value = cmd.params.get(name)
+        return float(value) if isinstance(value, int | float) else default
+
+    def _follow_launcher(self, cmd: Command, known: list[Any], acked: Collection[str] = ()) -> None:
+        """The job's workers here are gone (or going) although the command did not end
+        them: their launcher is restarting the worker group (ft_launcher after a rank
+        death). Wait for its new workers and ack that restart, with its own times, as
+        this command's; `failed` only when no launcher lives to restart them (after
+        `relaunch_grace_s`) or no new workers come within `restarted_timeout_s`.
+
+        `known`: every record of the job here (alive or exited) when the command came, or
+        of the generation that died; `acked`: the phases this command acked already."""
+        local, job = self.local, cmd.job
+        if not known or all(r.clean_exit or r.finished for r in known):
+            # Never here, or its ranks here finished their work: nothing will come back.
+            self._ack(cmd.id, "failed", time.time(), f"no live rank of job {job} on this node")
+            return
+        old = {r.pid for r in known}
+        latest = max(r.attempt for r in known)
+        expected = len({r.rank for r in known if r.attempt == latest})
+        parents = {r.ppid for r in known if r.ppid > 1 and r.ppid != os.getpid()}
+        since = time.monotonic()
+
+        def new_workers() -> list[Any] | None:
+            fresh = [r for r in local.job_ranks(job) if r.pid not in old]
+            if len(fresh) >= expected:
+                return fresh
+            if time.monotonic() - since > self.relaunch_grace_s and not any(
+                self._alive(p, 0) for p in parents
+            ):
+                return []  # nobody left to start them
+            return None
+
+        fresh = local.wait_until(new_workers, self.restarted_timeout_s)
+        if not fresh:
+            why = (
+                "their launcher is gone"
+                if fresh is not None
+                else f"the launcher started no new workers within {self.restarted_timeout_s:g} s"
+            )
+            self._ack(cmd.id, "failed", time.time(), f"the workers of job {job} exited and {why}")
+            return
+        detail = f"restarted by the job's launcher (attempt {max(r.attempt for r in fresh)})"
+        if "torn_down" not in acked:
+            with local.cond:
+                ends = [r.exited_at for r in local.job_ranks(job, alive_only=False) if r.pid in old]
+            gone = [e for e in ends if e is not None]
+            self._ack(cmd.id, "torn_down", max(gone) if gone else time.time(), detail)
+        if "restarted" not in acked:
+            self._ack(cmd.id, "restarted", max(r.registered_at for r in fresh), detail)
+        self._ack_resumed(cmd, {r.pid for r in fresh}, detail)
+
+    def _launcher(self, cmd: Command) -> None:
+        local, job = self.local, cmd.job
+        grace = self._param(cmd, "grace_s", self.grace_s)
+        with local.cond:
+            recs = local.job_ranks(job)
+            known = list(local.job_ranks(job, alive_only=False))
+            served = self._already_restarted(cmd, "launcher")
+            launchers = {r.ppid for r in recs}
+            victims = {
+                r.pid: r.start_ticks
+                for r in recs
+                if r.pid not in launchers and r.pid != os.getpid()
+            }
+        if served is not None:
+            # The launcher already made a new generation after the fault: ending it would
+            # only restart the job a second time.
+            self._report_served(cmd, served)
+            return
+        if not victims:
+            self._follow_launcher(cmd, known)
+            return
+        self._signal_all(victims, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and not self._all_gone(victims):
+            time.sleep(0.05)
+        if not self._all_gone(victims):
+            self._signal_all(victims, signal.SIGKILL)
+            deadline = time.monotonic() + self.torn_down_timeout_s
+            while time.monotonic() < deadline and not self._all_gone(victims):
+                time.sleep(0.05)
+        if not self._all_gone(victims):
+            self._ack(cmd.id, "failed", time.time(), "worker processes did not end")
+            return
+        self._ack(cmd.id, "torn_down", time.time(), f"ended {len(victims)} worker(s)")
+
+        def new_ranks() -> list[Any] | None:
+            fresh = [r for r in local.job_ranks(job) if r.pid not in victims]
+            return fresh if len(fresh) >= len(victims) else None
+
+        fresh = local.wait_until(new_ranks, self.restarted_timeout_s)
+        if fresh is None:
+            self._ack(cmd.id, "failed", time.time(), "the launcher did not start new workers")
+            return
+        self._ack(cmd.id, "restarted", max(r.registered_at for r in fresh))
+        pids = {r.pid for r in fresh}
+
+        self._ack_resumed(cmd, pids)
+
+    @staticmethod
+    def _alive(pid: int, start_ticks: int) -> bool:
+        info = proc_info(pid)
+        if info is None or info.state in ("Z", "X"):
+            return False
+        return not start_ticks or info.start_ticks == start_ticks
+
+    def _all_gone(self, victims: dict[int, int]) -> bool:
+        return not any(self._alive(pid, st) for pid, st in victims.items())
+
+    def _signal_all(self, victims: dict[int, int], sig: int) -> None:
+        for pid, st in victims.items():
+            if self._alive(pid, st):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)

@@ -1,0 +1,350 @@
+"""The processes of one `trainguard bench chaos` run (backend/bench/chaos.py runs it):
+`Chaos` starts the server, the store, one agent per simulated node and the demo job's
+runs, kills and revives agents during the chaos phase, looks at the API and the processes
+side by side, and at the end collects what happened (the faults the ranks fired, the
+agent deaths, the database's and the API's rows) for backend/bench/chaos_report.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.backend.bench.chaos_checks import Fault, Step
+from trainguard.backend.bench.chaos_config import GPUS_PER_NODE, ChaosConfig, ChaosError, _plan
+from trainguard.backend.bench.chaos_rows import (
+    incidents_from_database,
+    proc_start,
+    read_database,
+    workers,
+)
+
+
+@dataclass
+class JobRun:
+    n: int
+    job: str
+    seed: int
+    workdir: Path
+    procs: list[subprocess.Popen[bytes]]
+    started_at: float
+    ended_at: float | None = None
+    exit_codes: list[int | None] = field(default_factory=list)
+    end: str | None = None  # exited | stalled | stopped by the bench
+    newest_checkpoint: str | None = None
+    progress_at: float = 0.0
+
+
+class Chaos:
+    """The processes of one bench run and what the bench saw of them."""
+
+    def __init__(self, work: Path, cfg: ChaosConfig) -> None:
+        self.work, self.cfg = work, cfg
+        self.names = [f"chaos-node-{i}" for i in range(cfg.nodes)]
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.agent_since: dict[str, float] = {}
+        self.backend: Any = None
+        self.store: Any = None
+        self.runs: list[JobRun] = []
+        self.seen: dict[int, str] = {}  # every worker pid seen -> its start time
+        self.deaths: list[dict[str, Any]] = []
+        self.agent_exits: list[dict[str, Any]] = []  # exits the bench did not cause
+        self.dead: dict[str, Any] | None = None
+        self.observations: list[dict[str, Any]] = []
+        self.rng = random.Random(f"chaos-agents:{cfg.seed}")
+        self.next_kill: float | None = None
+        self.first_step_at: float | None = None
+        self.start = self.stop_at = 0.0
+
+    # --- processes ---------------------------------------------------------------------
+
+    def up(self) -> None:
+        from trainguard.agent.storehost import StoreHost
+        from trainguard.backend import demojob
+        from trainguard.backend.bench.recovery_engine import Backend
+
+        policy = self.cfg.policy
+        if policy is None:  # an empty policy file: the defaults, as `trainguard demo` runs
+            policy = str(self.work / "policy.toml")
+            Path(policy).write_text("# trainguard bench chaos: the default policy\n")
+        self.store = StoreHost(port=demojob.free_port())
+        self.store.start()
+        try:
+            self.backend = Backend(self.work / "server", policy)
+        except RuntimeError as exc:
+            raise ChaosError(f"{exc}; see {self.work / 'server' / 'server.log'}") from None
+        for name in self.names:
+            self.start_agent(name)
+        deadline = time.monotonic() + 90
+        while len([n for n in self._get("/api/v1/nodes") or [] if n["gpu_count"]]) < len(
+            self.names
+        ):
+            if time.monotonic() > deadline:
+                raise ChaosError(f"the agents did not register in 90 s; see {self.work}")
+            time.sleep(0.5)
+
+    def start_agent(self, name: str) -> None:
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "TRAINGUARD_AGENT_SPOOL_DIR": str(self.work / "spool" / name),
+            "TRAINGUARD_AGENT_SOCKET_PATH": str(self.work / f"{name}.sock"),
+        }
+        argv = [sys.executable, "-m", "trainguard.agent.cli", "agent", "--server", self.backend.url]
+        argv += ["--token", self.backend.token, "--node", name]
+        argv += ["--simulate", str(GPUS_PER_NODE)]
+        with (self.work / f"{name}.log").open("ab") as log:
+            self.agents[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+        self.agent_since[name] = time.time()
+
+    def launch(self) -> JobRun:
+        from trainguard.backend import demojob
+
+        n = len(self.runs) + 1
+        run = JobRun(n, f"chaos-{n}", self.cfg.seed * 1000 + n, self.work / f"job-{n}", [], 0.0)
+        run.procs = demojob.launch(
+            run.workdir,
+            [str(self.work / f"{name}.sock") for name in self.names],
+            self.store.port,
+            job=run.job,
+            steps=self.cfg.steps,
+            ckpt_every=self.cfg.ckpt_every,
+            # each fault may cost a restart of its own and one for trainguard's command,
+            # an agent death one more
+            max_restarts=3 * self.cfg.faults_per_run + 4,
+            faults=self.cfg.faults_per_run,
+            fault_seed=run.seed,
+            fault_after_step=self.cfg.after_step,
+            fault_kinds=self.cfg.kinds,
+            fault_min_gap=self.cfg.min_gap,
+            step_sleep=self.cfg.step_sleep,
+        )
+        run.started_at = run.progress_at = time.time()
+        self.runs.append(run)
+        return run
+
+    def end_run(self, run: JobRun, why: str) -> None:
+        from trainguard.backend import demojob
+
+        if run.ended_at is None:
+            demojob.stop(run.procs, grace=10.0)
+            run.ended_at, run.end = time.time(), why
+            run.exit_codes = [p.poll() for p in run.procs]
+
+    def down(self) -> None:
+        """Stop everything still running (idempotent): the job, its leftover workers, the
+        agents, the server, the store."""
+        for run in self.runs:
+            self.end_run(run, "stopped by the bench")
+        for pid, start in self.seen.items():
+            if proc_start(pid) == start:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        self.stop_agents()
+        if self.backend is not None:
+            self.backend.stop()
+            self.backend = None
+        self.store = None
+
+    def stop_agents(self) -> None:
+        for p in self.agents.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.agents.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    # --- the chaos phase ---------------------------------------------------------------
+
+    def _get(self, path: str, **params: Any) -> Any:
+        try:
+            return self.backend.get(path, **params)
+        except Exception:  # a busy server misses an observation, not the run
+            return None
+
+    def loop(self) -> None:
+        self.start = time.time()
+        until = self.start + self.cfg.minutes * 60
+        run = self.launch()
+        next_obs = 0.0
+        while time.time() < until:
+            now = time.time()
+            self._check_processes()
+            if all(p.poll() is not None for p in run.procs):
+                self.end_run(run, "exited")
+                run = self.launch()
+            elif now - run.progress_at > self.cfg.stall_s:
+                self.end_run(run, "stalled")
+                run = self.launch()
+            self._agents_tick(now, until)
+            if now >= next_obs:
+                next_obs = now + self.cfg.observe_every_s
+                self.observe(run)
+            time.sleep(0.25)
+        if self.dead is not None:
+            self._revive()
+
+    def _check_processes(self) -> None:
+        """The server must live; an agent that exited though the bench did not kill it is
+        recorded and started again."""
+        code = self.backend.proc.poll()
+        if code is not None:
+            log = self.work / "server" / "server.log"
+            raise ChaosError(f"the server exited with code {code}; see {log}")
+        for name, p in self.agents.items():
+            if p.poll() is not None and (self.dead is None or self.dead["node"] != name):
+                self.agent_exits.append({"node": name, "code": p.returncode, "at": time.time()})
+                self.start_agent(name)
+
+    def _agents_tick(self, now: float, until: float) -> None:
+        every, (lo, hi) = self.cfg.agent_every_s, self.cfg.agent_down_s
+        if not every or self.first_step_at is None:
+            return
+        if self.next_kill is None:
+            self.next_kill = self.first_step_at + self.rng.uniform(0.5, 1.0) * every
+        if self.dead is None and now >= self.next_kill and now + lo < until:
+            name = self.names[self.rng.randrange(len(self.names))]
+            down = self.rng.uniform(lo, hi)
+            self.agents[name].kill()
+            self.agents[name].wait()
+            self.dead = {"node": name, "killed_at": time.time(), "planned_s": down}
+            self.dead["job"] = self.runs[-1].job
+            self.agent_since[name] = self.dead["killed_at"]
+        elif self.dead is not None and now >= self.dead["killed_at"] + self.dead["planned_s"]:
+            self._revive()
+            self.next_kill = time.time() + self.rng.uniform(0.5, 1.5) * every
+
+    def _revive(self) -> None:
+        assert self.dead is not None
+        self.start_agent(self.dead["node"])
+        self.dead["back_at"] = self.agent_since[self.dead["node"]]
+        self.deaths.append(self.dead)
+        self.dead = None
+
+    def observe(self, run: JobRun) -> None:
+        """One look at the API and at the processes, side by side."""
+        now = time.time()
+        jobs = {j["name"]: j for j in self._get("/api/v1/jobs") or []}
+        nodes = self._get("/api/v1/nodes")
+        j = jobs.get(run.job)
+        # progress as the processes show it (their newest checkpoint), not as the API does
+        ckpt = max((d.name for d in (run.workdir / "checkpoints").glob("step_*")), default=None)
+        if ckpt != run.newest_checkpoint:
+            run.newest_checkpoint, run.progress_at = ckpt, now
+            self.first_step_at = self.first_step_at or now
+        detail = self._get(f"/api/v1/jobs/{run.job}") if j is not None else None
+        if nodes is None or (j is not None and detail is None):
+            return
+        api_ranks: dict[str, list[tuple[int, int]]] = {}
+        for r in (detail or {}).get("ranks", []):
+            if r.get("alive"):
+                api_ranks.setdefault(r["node"], []).append((r["rank"], r["pid"]))
+        by_name = {n["name"]: n for n in nodes}
+        obs_nodes = {}
+        for i, name in enumerate(self.names):
+            launcher = run.procs[i] if i < len(run.procs) else None
+            alive = launcher is not None and launcher.poll() is None
+            obs_nodes[name] = {
+                "agent_alive": self.agents[name].poll() is None,
+                "agent_since": self.agent_since[name],
+                "api_status": by_name.get(name, {}).get("status"),
+                "api_last_seen": by_name.get(name, {}).get("last_seen"),
+                "api_cordoned": by_name.get(name, {}).get("cordoned"),
+                "proc_ranks": workers(launcher.pid, self.seen) if alive and launcher else [],
+                "api_ranks": sorted(api_ranks.get(name, [])),
+            }
+        obs_jobs = {
+            r.job: {
+                "api_state": jobs.get(r.job, {}).get("state"),
+                "ended": r.ended_at is not None,
+                "exit_ok": bool(r.exit_codes) and all(c == 0 for c in r.exit_codes),
+            }
+            for r in self.runs
+            if r.job in jobs and (r.ended_at is None or now - r.ended_at < 120)
+        }
+        self.observations.append({"ts": now, "job": run.job, "nodes": obs_nodes, "jobs": obs_jobs})
+
+    def settle(self) -> None:
+        """Wait (at most settle_s) until no incident is open any more."""
+        deadline = time.monotonic() + self.cfg.settle_s
+        while time.monotonic() < deadline:
+            if self._get("/api/v1/incidents", status="open", limit=1000) == []:
+                return
+            self.observe(self.runs[-1])
+            time.sleep(1.0)
+
+    # --- what happened -----------------------------------------------------------------
+
+    def rank_faults(self, steps: list[Step]) -> list[Fault]:
+        """The faults the ranks fired: each run's plan, and the marker file a rank writes
+        just before it fires one (agent/faults.py Injector), whose first word is the time."""
+        last: dict[tuple[str, int], list[Step]] = {}
+        for s in sorted(steps, key=lambda s: s.end):
+            last.setdefault((s.job, s.rank), []).append(s)
+        out = []
+        for run in self.runs:
+            for f in _plan(self.cfg, run.seed):
+                marker = run.workdir / "faults" / f"fault-{f.index}.fired"
+                if not marker.exists():
+                    continue
+                word = (marker.read_text().split() or [""])[0]
+                try:
+                    ts = float(word)
+                except ValueError:
+                    ts = marker.stat().st_mtime
+                before = [s for s in last.get((run.job, f.rank), []) if s.end <= ts]
+                node = before[-1].node if before else None
+                down = any(
+                    d["node"] == node and d["killed_at"] <= ts <= d["back_at"] for d in self.deaths
+                )
+                out.append(Fault(f.kind, ts, run.job, node, f.rank, f.step, f.index, None, down))
+        return out
+
+    def agent_faults(self) -> list[Fault]:
+        return [
+            Fault(
+                "agent_death",
+                d["killed_at"],
+                d["job"],
+                d["node"],
+                down_s=d["back_at"] - d["killed_at"],
+            )
+            for d in self.deaths
+        ]
+
+    def collect(self) -> dict[str, Any]:
+        """What the database and the API say, once the job and the agents stopped. The
+        incidents come from GET /api/v1/incidents/{id}; from the database through the
+        same function only when the server is gone (a Ctrl-C reaches it too)."""
+        from sqlalchemy import create_engine
+
+        path = (self.work / "server" / "data" / "trainguard.db").resolve()
+        engine = create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
+        try:
+            with engine.connect() as conn:
+                rows = read_database(conn)
+            ids = rows.pop("incident_ids")
+            try:
+                rows["incidents"] = [self.backend.get(f"/api/v1/incidents/{i}") for i in ids]
+                rows["incidents_from"] = "api"
+            except Exception:
+                try:  # a server that refuses connections may still be on its way out
+                    self.backend.proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    raise ChaosError("the server stopped answering; no report") from None
+                rows["incidents"] = incidents_from_database(engine, ids)
+                rows["incidents_from"] = "database (the server had exited)"
+        finally:
+            engine.dispose()
+        return rows
