@@ -93,13 +93,26 @@ def _on_signal(signum: int, frame: object) -> None:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-# The demo's policy over the defaults: a node whose simulated GPU came back from its
-# simulated reboot (40 s) is readmitted after a minute of health, so the whole cordon ->
-# readmission cycle shows within a few minutes.
+# The demo's policy over the defaults, scaled to its seeded fault rate:
+# - a node whose simulated GPU came back from its simulated reboot (40 s) is readmitted
+#   after a minute of health, so the whole cordon -> readmission cycle shows within a few
+#   minutes;
+# - the escalation ladder counts actions within 2 minutes, not 30: the demo seeds a fault
+#   about every minute (5 per run), a rate that under the default window reads as a
+#   flapping job: a watch of the demo saw its second run given up (stop_job) on its fifth
+#   fault although each earlier one had recovered. Repeated failures of one episode
+#   still climb at once (escalation.on_failed).
 DEMO_POLICY = """\
 [readmission]
 readmit_after_s = 60
+
+[escalation]
+window_s = 120
 """
+# The demo's gloo timeout is also the Wrapper's re-entry wait: 5 s let ranks that
+# re-entered more than 5 s apart on busy cores fail twice and fall back to a launcher
+# restart (docs/restarts.md, "The demo's 5 s gloo timeout"); the launcher matrix uses 15.
+GLOO_TIMEOUT_S = 15
 
 
 def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_job: bool) -> int:
@@ -256,6 +269,7 @@ def _launch_job(
         fault_after_step=FAULT_AFTER_STEP,
         fault_min_gap=FAULT_MIN_GAP,
         env=env,
+        extra_args=["--gloo-timeout", str(GLOO_TIMEOUT_S)],
     )
 
 
