@@ -26,17 +26,18 @@ chromium:
 demo: venv
 	$(BIN)/trainguard demo --port $(PORT)
 
-test: venv chromium
-	$(BIN)/ruff check agent backend migrations tests
+# The checks the code's habits rely on run first: lint, format, types (.ci/typecheck lays
+# out the installed trainguard namespace for mypy), then every test, slow ones included.
+test: venv chromium lint
 	$(BIN)/python -m pytest
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: venv
-	$(BIN)/ruff check agent backend migrations tests
-	$(BIN)/ruff format --check agent backend migrations tests
-	$(BIN)/mypy
+	$(BIN)/ruff check agent backend migrations tests examples
+	$(BIN)/ruff format --check agent backend migrations tests examples
+	$(BIN)/python .ci/typecheck
 
 clean:
 	rm -rf $(VENV) .pytest_cache

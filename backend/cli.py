@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn, TypedDict
 
 import typer
+
+if TYPE_CHECKING:  # the server's modules load only when a command runs
+    from trainguard.backend.settings import Settings
 
 # The modules of the `server` extra that these commands import (pyproject.toml).
 SERVER_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic")
@@ -61,13 +64,26 @@ def _token(ctx: typer.Context) -> None:
     need_server_extra(ctx.info_name or "token")
 
 
-def _settings(**overrides: object):  # type: ignore[no-untyped-def]
+class _SettingsOptions(TypedDict, total=False):
+    """The database options given on the command line, as Settings fields."""
+
+    database_url: str
+    data_dir: Path
+
+
+def _settings(database_url: str | None, data_dir: Path | None) -> Settings:
+    """Settings from TRAINGUARD_* with the options given (None: not given) over them."""
     from pydantic import ValidationError
 
     from trainguard.backend.settings import Settings
 
+    given: _SettingsOptions = {}
+    if database_url is not None:
+        given["database_url"] = database_url
+    if data_dir is not None:
+        given["data_dir"] = data_dir
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        return Settings(**given)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])

@@ -55,7 +55,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from trainguard.backend.bench.recovery_analysis import analyse, fired_faults
 
@@ -66,6 +66,13 @@ MIXED_MODES = ("mixed_baseline", "mixed_launcher", "mixed_nvrx", "engine", "engi
 ALL_MODES = MODES + MIXED_MODES
 for _m in MIXED_MODES:
     FAULT_KIND[_m] = "mixed"
+
+
+class _Uplink(TypedDict, total=False):
+    """The AgentConfig fields of an agent that posts to a backend."""
+
+    server: str
+    token: str
 
 
 class Nodes:
@@ -90,6 +97,7 @@ class Nodes:
         self.locals: list[Any] = []
         self.agents: list[Any] = []
         self.connected: list[Any] = []
+        uplink: _Uplink = {"server": server, "token": token} if server else {}
         for i in range(count):
             cfg = AgentConfig(
                 node=f"node{i}",
@@ -97,7 +105,7 @@ class Nodes:
                 spool_dir=workdir / f"spool{i}",
                 socket_path=workdir / f"agent{i}.sock",
                 kmsg_path=None,
-                **({"server": server, "token": token} if server else {}),
+                **uplink,
             )
             if server:
                 from trainguard.backend.bench.recovery_engine import ConnectedAgent

@@ -70,10 +70,12 @@ def run(
         "TRAINGUARD_DATABASE_URL": url,
         "TRAINGUARD_DATA_DIR": str(data_dir),
     }
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     cli = [sys.executable, "-m", "trainguard.agent.cli"]
     server = subprocess.Popen(
-        [*cli, "server", "--port", str(port), "--log-level", "warning"], env=env, **quiet
+        [*cli, "server", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
     spools = Path(tempfile.mkdtemp(prefix="tg-soak-"))
@@ -106,7 +108,8 @@ def run(
                         str(period),
                     ],
                     env=agent_env,
-                    **quiet,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
                 )
             )
         ctx = mp.get_context("spawn")
@@ -127,7 +130,8 @@ def run(
         while (now := time.monotonic()) - t0 < duration:
             dead = [p.args for p in (server, *agent_procs) if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"a soak process died: {dead[0]}")
+                # Popen.args may be bytes to mypy; here a list, whose str() is its repr()
+                raise RuntimeError(f"a soak process died: {dead[0]!r}")
             series.append(
                 {
                     "t": round(now - t0, 1),

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import (
     REAL,
     BigInteger,
+    BindParameter,
     Boolean,
     Float,
     Integer,
@@ -250,7 +251,7 @@ class BulkStatements:
         for row in latest.values():
             shapes.setdefault(tuple(sorted(row)), []).append(row)
         for shape, rows in shapes.items():
-            values = {k: bindparam(k) for k in shape if k != "b_id"}
+            values: dict[str, BindParameter[Any]] = {k: bindparam(k) for k in shape if k != "b_id"}
             conn.execute(
                 update(Node).where(Node.id == bindparam("b_id")).values(**values),
                 rows,
@@ -340,7 +341,7 @@ class BulkStatements:
     def _insert_events(
         self, conn: Connection, fresh: list[tuple[_Item, int]]
     ) -> list[dict[str, Any]]:
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "node_id": nid,
                 "ts": e.ts,

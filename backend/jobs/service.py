@@ -101,11 +101,10 @@ def steps(
     if rank is not None:
         stmt = stmt.where(Step.rank == rank)
     rows = session.execute(stmt.order_by(Step.end.desc()).limit(limit)).all()
-    rows.reverse()
     names = ("rank", "step", "start", "end", "attempt", "iteration")
     columns: dict[str, list[Any]] = {n: [] for n in names}
     lists = [columns[n] for n in names]
-    for row in rows:
+    for row in reversed(rows):  # oldest first
         for out, v in zip(lists, row, strict=True):
             out.append(v)
     return {"job": job.name, "columns": columns}

@@ -22,16 +22,15 @@ def parse_topics(
     topics: Annotated[str, Query(max_length=4096)] = "nodes,events",
 ) -> frozenset[str]:
     """A dependency, so a bad `topics` is a 422 before the stream (and its 200) starts."""
-    raw = topics
-    topics = frozenset(t.strip() for t in raw.split(",") if t.strip())
-    bad = sorted(t for t in topics if not _TOPIC.match(t))
-    if bad or not topics or len(topics) > 32:
+    wanted = frozenset(t.strip() for t in topics.split(",") if t.strip())
+    bad = sorted(t for t in wanted if not _TOPIC.match(t))
+    if bad or not wanted or len(wanted) > 32:
         raise HTTPException(
             422,
             f"invalid topics {bad}: use nodes, events, incidents, node:<name>, job:<name> "
             "(comma-separated, at most 32)",
         )
-    return topics
+    return wanted
 
 
 @router.get(
