@@ -1,7 +1,7 @@
 """trainguard's demo training job: a small MLP on synthetic data, data parallel on gloo,
 under NVRx's in-process Wrapper and ft_launcher, with seeded faults.
 
-Run by agent/demojob.py (two ft_launchers x 2 ranks stand for two nodes), or by hand:
+Run by backend/demojob.py (two ft_launchers x 2 ranks stand for two nodes), or by hand:
 
     ft_launcher --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d \
         --rdzv-endpoint 127.0.0.1:29500 --rdzv-id demo --max-restarts 3 \
