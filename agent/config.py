@@ -48,7 +48,7 @@ class AgentConfig(BaseSettings):
     node: str = Field(default_factory=_default_node)
     spool_dir: Path = Field(default_factory=_default_spool_dir)
     # The SDK socket. None: the well-known one, not named after the node, which the SDK
-    # finds with no setting (agent.sdk.socket_candidates: /run/trainguard/agent.sock as
+    # finds with no setting (trainguard.sdk.socket_candidates: /run/trainguard/agent.sock as
     # root, else $XDG_RUNTIME_DIR/trainguard/ or /tmp/trainguard-<uid>/). The variable
     # TRAINGUARD_AGENT_SOCKET, which the SDK reads too, sets it on both sides;
     # TRAINGUARD_AGENT_SOCKET_PATH (this agent's alone) wins when both are set.

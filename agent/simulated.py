@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 from trainguard.agent.nvml import pci_key
 from trainguard.agent.outbox import Outbox
-from trainguard.agent.xid import describe_xid, xid_event
+from trainguard.agent.xid import xid_event
 from trainguard.protocol.wire import Event, GpuInfo, GpuSample
+from trainguard.protocol.xid import describe_xid
 
 MEM_TOTAL_MIB = 81559.0  # what an H100 80GB HBM3 reports
 POWER_LIMIT_W = 700.0

@@ -39,6 +39,9 @@ Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 GpuIndex = Annotated[int, Meta(ge=0, le=1023)]
 RankNo = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 
+# Which launcher runs a training rank, as the rank declares it (SDK <-> agent, messages.py).
+Launcher = Literal["torchrun", "ft_launcher", "slurm", "none"]
+
 # Discrete facts. Extending this list is a wire change: bump nothing, old agents keep
 # working, but an old backend refuses the new kind with a clear 422.
 EventKind = Literal[
@@ -141,7 +144,7 @@ class RankStatus(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     alive: bool = True
     # Declared by the rank through the SDK (None: unknown, an SDK from before them).
     in_process: bool | None = None  # True only when NVRx's inprocess.Wrapper runs it
-    launcher: Literal["torchrun", "ft_launcher", "slurm", "none"] | None = None
+    launcher: Launcher | None = None
     display_name: Name | None = None  # the job's readable name (script + short id)
 
 

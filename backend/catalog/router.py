@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from trainguard.agent.xid import UNKNOWN_XID, XID_CATALOG
 from trainguard.backend.auth import ViewerDep
+from trainguard.protocol.xid import UNKNOWN_XID, XID_CATALOG
 
 router = APIRouter(tags=["catalog"])
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.agent.xid import describe_xid
 from trainguard.backend.engine.policy import RECOVERY_ACTIONS, Policy
+from trainguard.protocol.xid import describe_xid
 
 # Event kinds the engine reads; the rest (samples, steps, logs) never wake it.
 EVIDENCE_KINDS = frozenset({"xid", "gpu_lost", "rank_exit", "exception", "hang", "heartbeat_lost"})

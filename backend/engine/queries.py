@@ -7,7 +7,6 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from trainguard.agent.xid import describe_xid
 from trainguard.backend.engine.evidence import SOFT_BUCKETS, as_int, hardware_evidence
 from trainguard.backend.models import (
     Command,
@@ -21,6 +20,7 @@ from trainguard.backend.models import (
     Step,
 )
 from trainguard.backend.models.control import IncidentEvidence
+from trainguard.protocol.xid import describe_xid
 
 
 def jobs_on_node(session: Session, node_id: int, since: float, pid: int | None = None) -> list[Job]:
@@ -161,7 +161,8 @@ def hardware_nodes(session: Session, inc: Incident) -> list[tuple[int, str]]:
     return [
         (node_id, detail if detail.startswith(cause) else f"{cause}: {detail}")
         for node_id, kind, xid, action, cause, detail in rows
-        if hardware_evidence(kind, xid, action)
+        # node_id is never None here (the query filters it out); this narrows the type.
+        if node_id is not None and hardware_evidence(kind, xid, action)
     ]
 
 

@@ -7,15 +7,8 @@ import pytest
 
 from trainguard.agent.nvml import Nvml, NvmlCollector
 from trainguard.agent.outbox import Outbox
-from trainguard.agent.xid import (
-    XID_CATALOG,
-    KmsgWatcher,
-    XidDedup,
-    XidRecord,
-    XidWatcher,
-    describe_xid,
-    parse_kmsg_line,
-)
+from trainguard.agent.xid import KmsgWatcher, XidDedup, XidRecord, XidWatcher, parse_kmsg_line
+from trainguard.protocol.xid import XID_CATALOG, describe_xid
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)

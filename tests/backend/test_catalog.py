@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.support import AUTH, TOKEN
-from trainguard.agent.xid import XID_CATALOG
 from trainguard.backend.app import create_app
 from trainguard.backend.settings import Settings
+from trainguard.protocol.xid import XID_CATALOG
 
 
 @pytest.fixture

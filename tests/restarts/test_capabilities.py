@@ -139,12 +139,7 @@ def test_a_session_declares_what_attach_was_told(tmp_path: Any) -> None:
         display_name="nightly run",
     )
     try:
-        ident = tg._identity("heartbeat")
-        assert (ident["launcher"], ident["in_process"], ident["display_name"]) == (
-            "slurm",
-            True,
-            "nightly-run",
-        )
+        assert (tg.launcher, tg.in_process, tg.display_name) == ("slurm", True, "nightly-run")
     finally:
         tg.close()
     with pytest.raises(ValueError, match="launcher must be one of"):

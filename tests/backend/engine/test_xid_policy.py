@@ -1,4 +1,4 @@
-"""The default XID policy, row by row over NVIDIA's catalog (agent/xid.py XID_CATALOG),
+"""The default XID policy, row by row over NVIDIA's catalog (agent/protocol/xid.py XID_CATALOG),
 through the real ingest, engine and command channel."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.support import wait_for
-from trainguard.agent.xid import XID_CATALOG
 from trainguard.protocol import wire
+from trainguard.protocol.xid import XID_CATALOG
 
 # What the default policy does with each XID when no GPU reset hook is configured
 # (reference/xid-and-nvml.md): application errors restart in-process; a GPU that needs a
