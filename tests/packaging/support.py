@@ -3,12 +3,13 @@ environments, and commands run outside the checkout."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,3 +118,36 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+@contextlib.contextmanager
+def serve(argv: Sequence[str | Path], cwd: Path, env: dict[str, str], log: Path) -> Iterator[str]:
+    """`trainguard server ... --port P` (argv without the port) on a free loopback port,
+    ready (GET /readyz 200) before the block runs, stopped after it: its URL."""
+    import httpx  # the dev venv has it; the helpers above need nothing beyond stdlib
+
+    from tests.support import free_port, wait_for
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [*map(str, argv), "--port", str(port)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(ready, 120, 0.2)
+        yield url
+    finally:
+        stop(proc)

@@ -12,8 +12,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.packaging.support import ROOT, SERVER_MODULES, make_venv, outside_env, run, stop
-from tests.support import AUTH, TOKEN, free_port, wait_for
+from tests.packaging.support import (
+    ROOT,
+    SERVER_MODULES,
+    make_venv,
+    outside_env,
+    run,
+    serve,
+    stop,
+)
+from tests.support import AUTH, TOKEN, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a venv on a 2-core machine
 
@@ -76,34 +84,17 @@ def test_bench_says_in_one_line_that_it_runs_from_a_checkout(
 @pytest.fixture
 def dev_server(tmp_path: Path) -> Iterator[str]:
     """`trainguard server` from the dev venv (this checkout) on a free loopback port."""
-    port = free_port()
-    log = tmp_path / "server.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainguard.agent.cli", "server", "--port", str(port)],
-        cwd=ROOT,
-        env=outside_env(
+    with serve(
+        [sys.executable, "-m", "trainguard.agent.cli", "server"],
+        ROOT,
+        outside_env(
             PYTHONPATH=str(ROOT),
             TRAINGUARD_ADMIN_TOKEN=TOKEN,
             TRAINGUARD_DATA_DIR=str(tmp_path / "server"),
         ),
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("wb"),
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_for(ready, 120, 0.2)
+        tmp_path / "server.log",
+    ) as url:
         yield url
-    finally:
-        stop(proc)
 
 
 def test_the_agent_of_an_agent_install_delivers_to_a_server(

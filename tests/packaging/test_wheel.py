@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import configparser
 import re
-import subprocess
 import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
@@ -23,10 +22,10 @@ from tests.packaging.support import (
     make_venv,
     outside_env,
     run,
+    serve,
     shipped_files,
-    stop,
 )
-from tests.support import AUTH, TOKEN, free_port, wait_for
+from tests.support import AUTH, TOKEN
 
 # An ES module's static and dynamic imports of other files of the UI.
 _IMPORTS = re.compile(r"""(?:\bfrom\s*|\bimport\s*\(?\s*)["']((?:\.{1,2}/|/)[^"']+\.js)["']""")
@@ -115,27 +114,12 @@ def test_a_server_install_migrates_serves_the_dashboard_and_ships_the_demo_job(
     upgraded = run([bin_ / "trainguard", "db", "upgrade", "--database-url", db_url], tmp_path, 300)
     assert upgraded.stdout.strip() == "database at head"
 
-    port = free_port()
-    log = tmp_path / "server.log"
-    server = subprocess.Popen(
-        [str(bin_ / "trainguard"), "server", "--port", str(port), "--database-url", db_url],
-        cwd=tmp_path,
-        env=outside_env(TRAINGUARD_ADMIN_TOKEN=TOKEN, TRAINGUARD_DATA_DIR=str(tmp_path)),
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("wb"),
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        assert server.poll() is None, log.read_text()[-3000:]
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_for(ready, 120, 0.2)
+    with serve(
+        [bin_ / "trainguard", "server", "--database-url", db_url],
+        tmp_path,
+        outside_env(TRAINGUARD_ADMIN_TOKEN=TOKEN, TRAINGUARD_DATA_DIR=str(tmp_path)),
+        tmp_path / "server.log",
+    ) as url:
         page = httpx.get(f"{url}/", timeout=10)
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert page.text == _wheel_text(wheel, "trainguard/frontend/index.html")
@@ -148,8 +132,6 @@ def test_a_server_install_migrates_serves_the_dashboard_and_ships_the_demo_job(
         assert app_js.text == _wheel_text(wheel, f"trainguard/frontend/{entry}")
         assert len(modules) > 10  # the entry, its views, components and libraries
         assert httpx.get(f"{url}/api/v1/nodes", headers=AUTH, timeout=10).json() == []
-    finally:
-        stop(server)
 
     # The demo's training script, from package data (trainguard.examples), and the code
     # that runs is the installed one, not this checkout.
