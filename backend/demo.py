@@ -152,7 +152,9 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
             print(f"trainguard demo: {exc}; see {data_dir / 'server.log'}", file=sys.stderr)
             return 1
         sockets = []
-        store_port = _store_port() if with_job else None
+        # Without the train extra there is no job, and no Wrapper store for agent 0 to host.
+        missing = _train_missing() if with_job else None
+        store_port = _store_port() if with_job and missing is None else None
         for i in range(nodes):
             name = f"demo-node-{i}"
             sock = data_dir / f"{name}.sock"
@@ -184,7 +186,7 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
                         start_new_session=True,
                     )
                 )
-        job_note = _start_job(with_job, data_dir, store_port, sockets, env, job)
+        job_note = _start_job(with_job, missing, data_dir, store_port, sockets, env, job)
         print(
             f"\ntrainguard demo running\n"
             f"  dashboard: {url}/   (token: {token})\n"
@@ -228,8 +230,19 @@ def _store_port() -> int | None:
     return demojob.free_port()
 
 
+def _train_missing() -> str | None:
+    """Why the demo job cannot run here (the train extra is not installed), or None."""
+    try:
+        import nvidia_resiliency_ext  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
 def _start_job(
     with_job: bool,
+    missing: str | None,
     data_dir: Path,
     store_port: int | None,
     sockets: list[str],
@@ -238,11 +251,8 @@ def _start_job(
 ) -> str:
     if not with_job:
         return "none (--no-job)"
-    try:
-        import nvidia_resiliency_ext  # noqa: F401
-        import torch  # noqa: F401
-    except ImportError as exc:
-        return f"not started ({exc}); install the train extra: pip install 'trainguard[train]'"
+    if missing is not None:
+        return f"not started ({missing}); install the train extra: pip install 'trainguard[train]'"
     started = _launch_job(data_dir, store_port, sockets, env, 1)
     procs.extend(started)
     return (

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import configparser
 import re
+import subprocess
+import time
 import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
@@ -24,8 +26,9 @@ from tests.packaging.support import (
     run,
     serve,
     shipped_files,
+    stop,
 )
-from tests.support import AUTH, TOKEN
+from tests.support import AUTH, TOKEN, free_port, wait_for
 
 # An ES module's static and dynamic imports of other files of the UI.
 _IMPORTS = re.compile(r"""(?:\bfrom\s*|\bimport\s*\(?\s*)["']((?:\.{1,2}/|/)[^"']+\.js)["']""")
@@ -149,3 +152,35 @@ def test_a_server_install_migrates_serves_the_dashboard_and_ships_the_demo_job(
     site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
     assert script == site / "trainguard" / "examples" / "train_demo.py"
     assert script.is_file() and demo_module.is_relative_to(site)
+
+    # `trainguard demo` from that install: no train extra, so no job, and it says which
+    # extra; its server and both agents keep running (agent 0 hosted the Wrapper store,
+    # which needs torch, and the demo stopped a few seconds in) until SIGTERM ends them.
+    port = free_port()
+    out = tmp_path / "demo.out"
+    demo_proc = subprocess.Popen(
+        [bin_ / "trainguard", "demo", "--port", str(port), "--data-dir", tmp_path / "demo"],
+        cwd=tmp_path,
+        env=outside_env(),
+        stdout=out.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: "Ctrl-C to stop." in out.read_text(), 120, 0.2)
+        text = out.read_text()
+        assert "install the train extra: pip install 'trainguard[train]'" in text, text
+        [token] = re.findall(r"\(token: ([^)]+)\)", text)
+        headers = {"Authorization": f"Bearer {token}"}
+
+        def nodes() -> list[str]:
+            got = httpx.get(f"http://127.0.0.1:{port}/api/v1/nodes", headers=headers)
+            return sorted(n["name"] for n in got.json())
+
+        assert wait_for(lambda: nodes() == ["demo-node-0", "demo-node-1"], 60, 0.5)
+        time.sleep(5)  # the store host used to fail within 2 s and stop the demo
+        assert demo_proc.poll() is None, out.read_text()
+    finally:
+        stop(demo_proc)
+    assert demo_proc.returncode is not None
+    assert "a process exited" not in out.read_text(), out.read_text()
