@@ -71,6 +71,8 @@ class Agent:
             self.simulated = source
             if source.outbox is None:
                 source.outbox = self.outbox
+            if source.ranks_alive is None:
+                source.ranks_alive = self.ranks_alive  # idle GPUs while no job runs here
         self.uplink = uplink or Uplink(config, self.outbox, transport=transport, spool=spool)
         self.clock, self.monotonic = clock, monotonic
         self.dedup = XidDedup()
@@ -90,6 +92,18 @@ class Agent:
         if kmsg is not None and (not src.simulated or "kmsg_path" in self.config.model_fields_set):
             out.append(KmsgWatcher(kmsg, self.outbox, src.uuid_for_pci, self.dedup, self.clock))
         return out
+
+    def ranks_alive(self) -> bool:
+        """Whether a training rank is alive on this node: in the rank table of a component
+        that keeps one (the SDK socket server's `ranks` by pid, read under its `cond`)."""
+        for c in self.components:
+            ranks, cond = getattr(c, "ranks", None), getattr(c, "cond", None)
+            if not isinstance(ranks, dict) or cond is None:
+                continue
+            with cond:
+                if any(getattr(r, "alive", False) for r in ranks.values()):
+                    return True
+        return False
 
     def add_component(self, obj: Component) -> None:
         """Something with start()/stop() that lives as long as the agent (SDK server ...)."""

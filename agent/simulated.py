@@ -8,6 +8,12 @@ at the first sample taken from then on, with a `log` event labelled
 `data = {"simulated": True, "reboot": True, ...}`. Only the GPU comes back; the node's
 processes (a real training job in the demo) are not touched.
 
+The GPUs carry a job's load only while one runs: `ranks_alive` (a callable, the agent's
+rank table) says whether a training rank is alive on the node; while none is, they idle
+(about 0 % util, ~60-90 W, cooling down, little memory in use) and a job that starts
+again warms them up from idle. Without the callable they always carry a job (a simulator
+on its own, as in the readings' tests).
+
 Everything is labelled: uuids are `GPU-sim-<node>-<i>`, the driver is "simulated", batches
 carry `simulated=True`, injected XIDs carry `data.source = "injected"`. Readings are
 repeatable from (seed, node) and the sequence of `now` values.
@@ -83,6 +89,7 @@ class SimulatedGpus:
         outbox: Outbox | None = None,
         clock: Callable[[], float] = time.time,
         reboot_after_s: float | None = REBOOT_AFTER_S,
+        ranks_alive: Callable[[], bool] | None = None,
     ) -> None:
         if n < 1:
             raise ValueError(f"need at least one simulated GPU, got {n}")
@@ -90,6 +97,7 @@ class SimulatedGpus:
             raise ValueError(f"reboot_after_s must be between 0 and 86400 s, got {reboot_after_s}")
         self.node, self.outbox, self.clock = node, outbox, clock
         self.reboot_after_s = reboot_after_s
+        self.ranks_alive = ranks_alive
         self._rng = random.Random(f"{seed}:{node}")
         self._lock = threading.Lock()
         self._t0: float | None = None
@@ -120,11 +128,16 @@ class SimulatedGpus:
         ]
 
     def sample(self, now: float) -> list[GpuSample]:
+        # Asked outside the lock: the rank table has a lock of its own, and XID injection
+        # (which takes ours) is called under it.
+        busy = self.ranks_alive is None or bool(self.ranks_alive())
         with self._lock:
-            if self._t0 is None:
+            if not busy:
+                self._t0 = None  # the next job warms the GPUs up from idle
+            elif self._t0 is None:
                 self._t0 = now
             rebooted = [self._reboot(g, now) for g in self.gpus if self._reboot_due(g, now)]
-            base = self._job_util(now - self._t0)
+            base = None if self._t0 is None else self._job_util(now - self._t0)
             samples = [self._step(g, now, base) for g in self.gpus]
         if self.outbox is not None:
             for event in rebooted:
@@ -157,7 +170,8 @@ class SimulatedGpus:
             return 12.0
         return 97.0
 
-    def _step(self, g: _Gpu, now: float, base: float) -> GpuSample:
+    def _step(self, g: _Gpu, now: float, base: float | None) -> GpuSample:
+        """One GPU's readings; base: the job's utilisation now, None while no job runs."""
         dt = 0.0 if g.last_ts is None else min(max(now - g.last_ts, 0.0), 60.0)
         g.last_ts = now
         if g.lost:
@@ -166,7 +180,9 @@ class SimulatedGpus:
         if now < g.idle_until:
             util = 0.0
         elif g.hung:
-            util = 100.0
+            util = 100.0  # a hung GPU spins whether or not a job still waits on it
+        elif base is None:
+            util = max(0.0, rng.gauss(0.3, 0.3))  # no job: the driver's background only
         else:
             util = min(100.0, max(0.0, base / g.slow**0.5 + rng.gauss(0, 1.5)))
         busy = util / 100.0
@@ -180,7 +196,8 @@ class SimulatedGpus:
             reasons |= HW_SLOWDOWN
         sm = 345.0 if util < 5 else (1755.0 if thermal else 1980.0) / g.slow
         g.energy_mj += power * dt * 1000.0
-        warm = 1.0 if self._t0 is None else min(1.0, (now - self._t0) / WARMUP_S)
+        # A job's memory fills as it warms up; an idle GPU holds only the driver's context.
+        warm = 0.0 if self._t0 is None else min(1.0, (now - self._t0) / WARMUP_S)
         if rng.random() < 0.0005:
             g.pcie_replay += 1
         return GpuSample(

@@ -1,6 +1,7 @@
 // The recent-events feed: newest first, loaded from GET /events and then prepended live
 // from `event` SSE events. Used by the overview (all nodes), the node view (one node) and
-// the job view (one job). XIDs carry their meaning and action from the catalog.
+// the job view (one job). XIDs carry their meaning and action from the catalog; a kind
+// filter hides the checkpoint rows unless asked for.
 import { apiGet } from "../api.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import { shortUuid, timeEl } from "../lib/format.js";
@@ -71,8 +72,38 @@ export function repeatsCatalog(message, xid, catalog) {
   return Boolean(meaning) && (message === meaning || message === `Xid ${xid}: ${meaning}`);
 }
 
+/**
+ * The XID code of an xid event, else null. Only the driver's (or an injection's) xid event
+ * is an XID: a log line that mentions one (the fault injector's "injecting fault 3: xid
+ * XID 79", whose data carries every field of the fault) stays a log line.
+ */
+export function eventXid(event) {
+  if (event?.kind !== "xid") return null;
+  return event.xid ?? event.data?.xid ?? null;
+}
+
+// The feed's kind filter: checkpoint phases come every few minutes from every rank and
+// bury the faults, so they are hidden unless asked for.
+const PROBLEM = (event) => severity(event) !== "info";
+export const FEED_FILTERS = [
+  ["no-checkpoints", "all but checkpoints", (event) => event.kind !== "checkpoint"],
+  ["problems", "faults and warnings only", PROBLEM],
+  ["checkpoints", "checkpoints only", (event) => event.kind === "checkpoint"],
+  ["all", "all kinds", () => true],
+];
+const FILTER_KEY = "trainguard.events.filter";
+
+function savedFilter() {
+  try {
+    const saved = sessionStorage.getItem(FILTER_KEY);
+    return FEED_FILTERS.some(([value]) => value === saved) ? saved : FEED_FILTERS[0][0];
+  } catch {
+    return FEED_FILTERS[0][0];
+  }
+}
+
 function renderEvent(event, { showNode, showJob, catalog }) {
-  const xid = event.xid ?? event.data?.xid ?? null;
+  const xid = eventXid(event);
   const where = [];
   if (event.gpu_uuid) {
     where.push(h("span", { class: "muted", title: event.gpu_uuid }, shortUuid(event.gpu_uuid)));
@@ -115,16 +146,36 @@ function renderEvent(event, { showNode, showJob, catalog }) {
 
 /**
  * Mount the feed into root. ctx: {stream, signal}. Options: node (only this node's
- * events), job (only this job's), limit. Returns a cleanup function.
+ * events), job (only this job's), limit (rows shown). A kind filter above the list hides
+ * checkpoint rows by default; the feed keeps more events than it shows so that a filter
+ * still has rows to show. Returns a cleanup function.
  */
 export function mountEventsFeed(root, ctx, { node = null, job = null, limit = 50 } = {}) {
+  const keep = Math.min(limit * 5, 1000); // the route's most
   const list = h("ol", { class: "events", "aria-label": "recent events" });
   const status = h("div", { class: "events-status" });
-  replace(root, status, list);
+  const filter = h(
+    "select",
+    { class: "events-filter", "aria-label": "event kinds to show" },
+    FEED_FILTERS.map(([value, label]) => h("option", { value }, label)),
+  );
+  filter.value = savedFilter();
+  const hiddenNote = h("span", { class: "events-hidden muted", "aria-live": "polite" });
+  const toolbar = h("div", { class: "events-toolbar" }, h("label", {}, "Show ", filter), hiddenNote);
+  replace(root, toolbar, status, list);
   let events = [];
   const seen = new Set();
   let loaded = false;
   let catalog = new Map();
+
+  filter.addEventListener("change", () => {
+    try {
+      sessionStorage.setItem(FILTER_KEY, filter.value);
+    } catch {
+      // storage refused (private mode): the choice lasts for this page
+    }
+    render();
+  });
 
   function add(batch) {
     for (const event of batch) {
@@ -134,29 +185,38 @@ export function mountEventsFeed(root, ctx, { node = null, job = null, limit = 50
       events.push(event);
     }
     events.sort(newestFirst);
-    if (events.length > limit) {
-      for (const dropped of events.slice(limit)) seen.delete(keyOf(dropped));
-      events = events.slice(0, limit);
+    if (events.length > keep) {
+      for (const dropped of events.slice(keep)) seen.delete(keyOf(dropped));
+      events = events.slice(0, keep);
     }
     render();
   }
 
   function render() {
+    const [, label, test] = FEED_FILTERS.find(([value]) => value === filter.value) ?? FEED_FILTERS[0];
+    const passing = events.filter(test);
+    const shown = passing.slice(0, limit);
+    const hidden = events.length - passing.length;
+    root.dataset.filter = filter.value;
+    root.dataset.hidden = String(hidden);
+    hiddenNote.textContent = hidden ? `${hidden} of the last ${events.length} events hidden` : "";
     if (loaded && events.length === 0) {
       const whose = node ? " from this node" : job ? " for this job" : "";
       replace(status, emptyState(`No events${whose} yet.`));
+    } else if (loaded && shown.length === 0) {
+      replace(status, emptyState(`Nothing to show (${label}) among the last ${events.length} events.`));
     } else if (loaded) {
       replace(status);
     }
     replace(
       list,
-      events.map((event) => renderEvent(event, { showNode: !node, showJob: !job, catalog })),
+      shown.map((event) => renderEvent(event, { showNode: !node, showJob: !job, catalog })),
     );
   }
 
   async function load() {
     try {
-      const batch = await apiGet("events", { limit, node, job }, { signal: ctx.signal });
+      const batch = await apiGet("events", { limit: keep, node, job }, { signal: ctx.signal });
       loaded = true;
       add(batch);
     } catch (error) {

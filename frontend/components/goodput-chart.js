@@ -6,7 +6,7 @@
 import uPlot from "../vendor/uPlot-1.6.32.esm.js";
 import { h } from "../lib/dom.js";
 import { localTime } from "../lib/format.js";
-import { tickLabel } from "./gpu-chart.js";
+import { TIME_INCRS, tickLabel } from "./gpu-chart.js";
 
 // Bottom of the stack first.
 export const GOODPUT_PARTS = [
@@ -79,7 +79,7 @@ export class GoodputChart {
           }),
         ],
         axes: [
-          { space: 70, values: (_u, splits) => splits.map(tickLabel) },
+          { space: 70, incrs: TIME_INCRS, values: (_u, splits) => splits.map(tickLabel) },
           { scale: "pct", label: "share of time (%)", values: (_u, splits) => splits.map((v) => `${v}%`) },
         ],
       },

@@ -12,6 +12,14 @@ const pad2 = (n) => String(n).padStart(2, "0");
 const DASH = "\u2014";
 const missing = (v) => v === null || v === undefined;
 
+// Tick steps of a time axis, never under a second: the labels have a resolution of one
+// second, so a finer step (uPlot's default for a range of a few seconds) repeats a label.
+export const TIME_INCRS = [
+  1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800,
+  604800,
+];
+
+/** "14:03" on a whole minute, else "14:03:07". */
 export function tickLabel(ts) {
   const d = new Date(ts * 1000);
   const hm = `${pad2(d.getHours())}:${pad2(d.getMinutes())}`;

@@ -16,11 +16,27 @@ function density(count) {
   return "small";
 }
 
+/**
+ * A reporting node whose latest samples had no reading at all, on any GPU: its GPUs fell
+ * off the bus (the node summary averages the readings it got; one lost GPU of several
+ * shows on the node's page only).
+ */
+export function nodeGpusLost(node) {
+  return (
+    node.status !== "down" &&
+    (node.gpu_count ?? 0) > 0 &&
+    Boolean(node.last_seen) &&
+    (node.util_avg === null || node.util_avg === undefined) &&
+    (node.temp_max === null || node.temp_max === undefined)
+  );
+}
+
 function describe(node) {
   // Why a cordoned node is out of new work (who, since when, the incident, its evidence)
   // stands in for its bare status.
   const cordon = cordonText(node);
   const parts = [node.name, cordon || node.status];
+  if (nodeGpusLost(node)) parts.push("GPUs lost: every reading missing");
   if (node.simulated) parts.push("simulated");
   parts.push(`util ${pct(node.util_avg)}`, `max ${celsius(node.temp_max)}`);
   if (node.last_seen) parts.push(`seen ${localTime(node.last_seen)}`);
@@ -86,7 +102,8 @@ export class NodeGrid {
       const dim = !matches(node);
       const text = describe(node);
       const cordoned = Boolean(node.cordoned || node.status === "cordoned");
-      const key = `${status}|${node.simulated}|${dim}|${node.repair}|${cordoned}|${text}`;
+      const lost = nodeGpusLost(node);
+      const key = `${status}|${node.simulated}|${dim}|${node.repair}|${cordoned}|${lost}|${text}`;
       if (key !== tile.key) {
         tile.key = key;
         const el = tile.el;
@@ -94,12 +111,13 @@ export class NodeGrid {
         el.dataset.simulated = String(Boolean(node.simulated));
         el.dataset.cordoned = String(cordoned);
         el.dataset.repair = String(Boolean(node.repair));
+        el.dataset.lost = String(lost);
         el.classList.toggle("dim", dim);
         el.title = text;
         el.setAttribute("aria-label", text);
         tile.label.textContent = node.name;
         // A word on the large tiles (the frame and the pattern say it on the small ones).
-        tile.mark.textContent = node.repair ? "repair" : cordoned ? "cordoned" : "";
+        tile.mark.textContent = node.repair ? "repair" : cordoned ? "cordoned" : lost ? "GPUs lost" : "";
         tile.node = node;
       }
       tile.node = node;

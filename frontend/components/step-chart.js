@@ -4,7 +4,7 @@
 import uPlot from "../vendor/uPlot-1.6.32.esm.js";
 import { h } from "../lib/dom.js";
 import { duration, localTime } from "../lib/format.js";
-import { tickLabel } from "./gpu-chart.js";
+import { TIME_INCRS, tickLabel } from "./gpu-chart.js";
 
 const DASH = "\u2014";
 
@@ -49,14 +49,23 @@ export class StepChart {
           },
         ],
         axes: [
-          { space: 70, values: (_u, splits) => splits.map(tickLabel) },
+          {
+            space: 70,
+            incrs: TIME_INCRS,
+            values: (_u, splits) => {
+              const labels = splits.map(tickLabel);
+              this.#root.dataset.xTicks = labels.join("|"); // what the axis reads (for tests)
+              return labels;
+            },
+          },
           {
             scale: "s",
             label: "step time (s)",
             values: (_u, splits) => {
               // One number of decimals for the whole axis, enough for its tick spacing.
               const gap = splits.length > 1 ? Math.abs(splits[1] - splits[0]) : 1;
-              const digits = gap >= 1 ? 0 : gap >= 0.1 ? 1 : gap >= 0.01 ? 2 : 3;
+              // (sub-millisecond steps too: 0.0004, not five ticks of "0.000")
+              const digits = gap >= 1 ? 0 : Math.min(6, Math.ceil(-Math.log10(gap) - 1e-9));
               return splits.map((v) => v.toFixed(digits));
             },
           },

@@ -63,11 +63,23 @@ export function watts(value) {
   return value === null || value === undefined ? DASH : `${Math.round(value)} W`;
 }
 
-/** A duration for people: "850 ms", "4.2 s", "3 min 05 s", "2 h 10 min". */
+/**
+ * A duration for people: "420 \u00b5s", "4.27 ms", "42.7 ms", "850 ms", "4.2 s", "3 min 05 s",
+ * "2 h 10 min". Three significant digits below a second, so a sub-millisecond step never
+ * reads "0 ms".
+ */
 export function duration(value) {
   if (value === null || value === undefined || !Number.isFinite(value)) return DASH;
   const v = Math.max(0, value);
-  if (v < 1) return `${Math.round(v * 1000)} ms`;
+  if (v === 0) return "0 s";
+  // Thresholds on the rounded value: 0.9996 ms reads "1.00 ms", not "1000 \u00b5s".
+  const us = v * 1e6;
+  const ms = v * 1e3;
+  if (us < 0.5) return "<1 \u00b5s";
+  if (us < 999.5) return `${Math.round(us)} \u00b5s`;
+  if (ms < 9.995) return `${ms.toFixed(2)} ms`;
+  if (ms < 99.95) return `${ms.toFixed(1)} ms`;
+  if (ms < 999.5) return `${Math.round(ms)} ms`;
   if (v < 60) return `${v.toFixed(v < 10 ? 2 : 1)} s`;
   if (v < 3600) return `${Math.floor(v / 60)} min ${pad(Math.floor(v % 60))} s`;
   if (v < 86400) return `${Math.floor(v / 3600)} h ${pad(Math.floor((v % 3600) / 60))} min`;
@@ -189,6 +201,25 @@ export function simulatedBadge() {
     },
     "simulated",
   );
+}
+
+/**
+ * A sample with every reading missing: the GPU fell off the bus (XID 79) or NVML lost it;
+ * NVML answers nothing for such a device, and the agent still sends the empty sample.
+ */
+export function gpuLost(sample) {
+  if (!sample) return false;
+  return Object.entries(sample).every(
+    ([key, value]) => key === "uuid" || key === "ts" || value === null || value === undefined,
+  );
+}
+
+const LOST_HINT =
+  "every reading of the latest sample is missing: the GPU fell off the bus (XID 79) or the driver lost it";
+
+/** "lost" as a word in red, never colour alone. */
+export function lostBadge(hint = LOST_HINT) {
+  return h("span", { class: "badge badge-lost", title: hint }, "lost");
 }
 
 /** "GPU-3b1c5e2a…9f0a21": long UUIDs shortened for tables; the full one goes in a title. */

@@ -65,7 +65,9 @@ export function mount(root, ctx) {
     header.facts,
     caps.el,
     steps.el,
-    h("div", { class: "two-col" }, stragglers.el, ranks.el),
+    // Full width each: the ranks table's nine columns clipped the heartbeat at half a page.
+    stragglers.el,
+    ranks.el,
     goodput.el,
     h("div", { class: "two-col" }, advice.el, incidents.el),
     section("job-events-heading", "Events of this job", null, feedRoot),

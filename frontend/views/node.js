@@ -62,7 +62,10 @@ export function mount(root, ctx) {
     cordonPanel.el,
     gpuPanel.el,
     charts.el,
-    h("div", { class: "two-col" }, xidPanel.el, rankPanel.el),
+    // Full width each: the ranks table has nine columns, and half a page clipped the last
+    // (the heartbeat) behind a scroll bar.
+    rankPanel.el,
+    xidPanel.el,
     section("node-events-heading", "Events on this node", null, feedRoot),
   );
 

@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.daemon import build_agent
+from trainguard.agent.local import LocalServer
 from trainguard.agent.outbox import Outbox
 from trainguard.agent.simulated import SimulatedGpus
+from trainguard.protocol.messages import Hello
 from trainguard.protocol.wire import Event, GpuInfo, GpuSample, encode
 
 T0 = 1_700_000_000.0
@@ -183,3 +189,67 @@ def test_uuid_for_pci():
     sim = SimulatedGpus(3, "n")
     assert sim.uuid_for_pci("0000:3a:00") == "GPU-sim-n-2"
     assert sim.uuid_for_pci("0000:99:00") is None
+
+
+class Ranks:
+    """Whether a training rank is alive on the node, as the agent's rank table answers."""
+
+    def __init__(self, alive: bool = False) -> None:
+        self.alive = alive
+
+    def __call__(self) -> bool:
+        return self.alive
+
+
+def test_gpus_idle_while_no_rank_runs_on_the_node():
+    sim = SimulatedGpus(2, "n", seed=5, ranks_alive=Ranks(alive=False))
+    idle = [s for batch in run(sim, 300) for s in batch][100:]
+    assert max(s.util for s in idle) < 5
+    assert all(55 <= s.power_w <= 95 for s in idle)  # an H100's idle draw
+    assert max(s.temp_c for s in idle) < 40
+    assert max(s.mem_used_mib for s in idle) < 1024  # the driver's context only
+    assert all(s.sm_clock_mhz < 500 and s.clock_event_reasons & 0x1 for s in idle)  # GPU_IDLE
+
+
+def test_gpus_load_up_when_a_rank_starts_and_idle_again_when_it_ends():
+    ranks = Ranks(alive=False)
+    sim = SimulatedGpus(1, "n", seed=5, ranks_alive=ranks)
+    before = [s[0] for s in run(sim, 60)]
+    ranks.alive = True
+    training = [s[0] for s in run(sim, 240, start=T0 + 60)]
+    ranks.alive = False
+    after = [s[0] for s in run(sim, 120, start=T0 + 300)]
+
+    assert training[0].util < 10  # a job warms the GPU up from idle
+    steady = training[60:]
+    assert sum(s.util for s in steady) / len(steady) > 80
+    assert min(s.power_w for s in steady[-60:]) > 300
+    assert steady[-1].temp_c > before[-1].temp_c + 15
+    assert steady[-1].mem_used_mib > 60_000
+    assert max(s.util for s in after) < 5  # the job ended: idle at once
+    assert after[-1].power_w < 95 and after[-1].mem_used_mib < 1024
+    assert after[-1].temp_c < steady[-1].temp_c - 15  # and cooling down
+    for s in after:
+        msgspec.json.decode(encode(s), type=GpuSample)
+
+
+def test_the_agent_tells_its_simulated_gpus_whether_a_rank_runs_on_the_node(tmp_path: Path):
+    cfg = AgentConfig(
+        node="n1",
+        simulate=2,
+        spool_dir=tmp_path / "spool",
+        socket_path=tmp_path / "agent.sock",
+        kmsg_path=None,
+    )
+    agent = build_agent(cfg)
+    assert agent.simulated is not None
+    assert agent.simulated.ranks_alive == agent.ranks_alive
+    assert agent.ranks_alive() is False  # no SDK server: no rank can run here
+    local = LocalServer(agent)
+    agent.add_component(local)
+    assert agent.ranks_alive() is False
+    rec = local.table.register(Hello(job="j", rank=0, pid=4242), 0, T0)
+    assert agent.ranks_alive() is True
+    assert agent.simulated.sample(T0)[0].util is not None
+    rec.alive = False  # its process exited; the record stays for a while
+    assert agent.ranks_alive() is False

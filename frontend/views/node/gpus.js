@@ -1,7 +1,7 @@
 // The node page's GPUs panel: each GPU with its latest readings and a button that charts
 // it, and the error counters of its latest sample (ECC, remapped rows, PCIe replays).
 import { emptyState, errorBox, h, replace } from "../../lib/dom.js";
-import { celsius, mib, pct, shortUuid, simulatedBadge, timeEl, watts } from "../../lib/format.js";
+import { celsius, gpuLost, lostBadge, mib, pct, shortUuid, simulatedBadge, timeEl, watts } from "../../lib/format.js";
 import { section, table } from "../../lib/panels.js";
 
 // Error counters of a sample: [field, label, bad (any non-zero value is a fault)].
@@ -38,10 +38,11 @@ class GpuRow {
       power: h("td", { class: "num" }),
       ts: h("td", {}),
     };
+    this.lostSlot = h("span", { class: "badge-slot" });
     this.tr = h(
       "tr",
       { dataset: { uuid: gpu.uuid } },
-      h("th", { scope: "row", class: "num" }, String(gpu.index)),
+      h("th", { scope: "row", class: "num" }, String(gpu.index), this.lostSlot),
       h("td", {}, gpu.name || "\u2014", gpu.simulated ? [" ", simulatedBadge()] : null),
       h("td", { class: "mono", title: gpu.uuid }, shortUuid(gpu.uuid)),
       Object.values(this.cells),
@@ -63,6 +64,10 @@ class GpuRow {
     if (sample && this.latest && sample.ts < this.latest.ts) return;
     this.latest = sample;
     const s = sample ?? {};
+    const lost = gpuLost(sample);
+    this.tr.dataset.lost = String(lost);
+    this.tr.classList.toggle("gpu-lost", lost);
+    replace(this.lostSlot, lost ? lostBadge() : null);
     this.cells.util.textContent = pct(s.util);
     this.cells.temp.textContent = celsius(s.temp_c);
     this.cells.mem.textContent = mib(s.mem_used_mib, s.mem_total_mib ?? this.memoryTotal);

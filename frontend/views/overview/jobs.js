@@ -64,7 +64,17 @@ export function jobsPanel() {
               {},
               h("th", { scope: "col" }, "Job"),
               h("th", { scope: "col" }, "State"),
-              h("th", { scope: "col", class: "num", title: "launcher attempt / in-process iteration" }, "Att / it"),
+              h(
+                "th",
+                {
+                  scope: "col",
+                  class: "num head-wrap",
+                  title:
+                    "attempt: how many times the launcher restarted the job's workers; " +
+                    "iteration: in-process restarts within the current attempt",
+                },
+                "Attempt / iteration",
+              ),
               h("th", { scope: "col", class: "num" }, "Step"),
               h("th", { scope: "col", class: "num", title: "goodput over the last 24 h" }, "Goodput"),
               h("th", { scope: "col", class: "num", title: "open incidents" }, "Open"),
