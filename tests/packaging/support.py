@@ -17,12 +17,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = (
     ("agent/protocol", "trainguard/protocol"),
     ("agent/sdk", "trainguard/sdk"),
+    ("agent/client", "trainguard/client"),
     ("agent", "trainguard/agent"),
     ("backend", "trainguard/backend"),
     ("migrations", "trainguard/migrations"),
     ("frontend", "trainguard/frontend"),
     ("examples", "trainguard/examples"),
 )
+# pyproject.toml's `trainguard.commands` entry points: each part's commands.
+OPERATOR_COMMANDS = ("restart", "incidents", "incident", "approve", "reject", "cordon", "uncordon")
+PARTS_COMMANDS = ("server", "demo", "db", "token", "bench", *OPERATOR_COMMANDS)
 NOT_SHIPPED = ("backend/bench/",)  # benchmarks run from a checkout
 SERVER_MODULES = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg")
 # Folders of the checkout that are neither source nor data of the package.

@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tests.packaging.support import ROOT, SERVER_MODULES
+from tests.packaging.support import PARTS_COMMANDS, ROOT, SERVER_MODULES
 from trainguard.agent.cli import COMMANDS_GROUP, add_part_commands, app
 
 group_app = typer.Typer(no_args_is_help=True)
@@ -96,7 +96,7 @@ def test_a_part_that_cannot_load_answers_one_line_and_the_others_still_work(
 
 def test_the_installed_cli_has_every_parts_commands_and_each_loads() -> None:
     eps = metadata.entry_points(group=COMMANDS_GROUP)
-    assert {ep.name for ep in eps} == {"server", "demo", "db", "token", "bench"}
+    assert {ep.name for ep in eps} == {*PARTS_COMMANDS}
     command = typer.main.get_command(app)
     assert set(command.commands) == {"agent", *(ep.name for ep in eps)}  # type: ignore[attr-defined]
     runner = CliRunner()

@@ -3,6 +3,8 @@ source with `ast`: every import statement, at the top of a module or inside a fu
 (the CLI's lazy imports), and `importlib.import_module("...")` with a literal name.
 
 - the agent (agent/**) never imports the backend or the migrations;
+- the operator client (agent/client/**) imports nothing of trainguard but itself: no
+  backend (an operator's laptop has no server), no agent daemon;
 - the SDK (agent/sdk/**) imports the standard library and trainguard.protocol only (an
   import inside `try: ... except ImportError` is optional, not a dependency: torch when
   present);
@@ -12,8 +14,9 @@ source with `ast`: every import statement, at the top of a module or inside a fu
 - the backend (backend/**, not backend/bench, which is not shipped) imports nothing of the
   agent but trainguard.protocol;
 - anywhere: no bare `agent`, `backend`, `migrations` (the installed names are
-  `trainguard.*`), and the SDK and the protocol under their own names, never as
-  `trainguard.agent.sdk` / `trainguard.agent.protocol` (a second copy of the module).
+  `trainguard.*`), and the SDK, the protocol and the client under their own names, never
+  as `trainguard.agent.sdk` / `trainguard.agent.protocol` / `trainguard.agent.client` (a
+  second copy of the module).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ SKIPPED = {"build", "data", "artifacts", "node_modules", "__pycache__"}
 PACKAGE_DIRS = (
     ("agent/protocol", "trainguard.protocol"),
     ("agent/sdk", "trainguard.sdk"),
+    ("agent/client", "trainguard.client"),
     ("agent", "trainguard.agent"),
     ("backend", "trainguard.backend"),
     ("migrations", "trainguard.migrations"),
@@ -137,8 +141,12 @@ def rule_broken(rel: str, imp: Import) -> str | None:
     t = imp.target
     if _under(t, "agent", "backend", "migrations"):
         return "bare name: import trainguard.* instead"
-    if _under(t, "trainguard.agent.sdk", "trainguard.agent.protocol"):
-        return "the SDK and the protocol are trainguard.sdk and trainguard.protocol"
+    if _under(t, "trainguard.agent.sdk", "trainguard.agent.protocol", "trainguard.agent.client"):
+        return "the SDK, the protocol and the client are trainguard.sdk, .protocol, .client"
+    if rel.startswith("agent/client/") and (
+        _under(t, "trainguard") and not _under(t, "trainguard.client")
+    ):
+        return "the client imports nothing of trainguard but trainguard.client"
     if rel.startswith("agent/") and _under(t, "trainguard.backend", "trainguard.migrations"):
         return "the agent never imports the backend"
     if (
@@ -235,15 +243,23 @@ def test_a_planted_violation_of_each_rule_is_caught_with_its_line() -> None:
             "from trainguard import sdk\n",
             ["trainguard.agent.daemon", "trainguard.sdk"],
         ),
+        "agent/client/api.py": (
+            "import httpx\nfrom trainguard.client.models import Incident\n"
+            "def f():\n    from trainguard.backend.errors import NotFound\n"
+            "from ..agent import config\n",
+            ["trainguard.backend.errors.NotFound", "trainguard.agent.config"],
+        ),
         "backend/bench/agent.py": ("from trainguard.agent import daemon\n", []),
         "tests/test_x.py": (
             "import backend.db\nfrom agent import cli\nfrom trainguard.agent import sdk\n"
-            "from trainguard.agent.protocol.wire import Batch\nfrom trainguard.backend import db\n",
+            "from trainguard.agent.protocol.wire import Batch\nfrom trainguard.backend import db\n"
+            "from trainguard.agent.client import Client\n",
             [
                 "backend.db",
                 "agent.cli",
                 "trainguard.agent.sdk",
                 "trainguard.agent.protocol.wire.Batch",
+                "trainguard.agent.client.Client",
             ],
         ),
     }

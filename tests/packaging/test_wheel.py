@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.packaging.support import (
+    PARTS_COMMANDS,
     SERVER_MODULES,
     installed_path,
     make_venv,
@@ -65,7 +66,7 @@ def test_the_wheel_registers_the_cli_and_each_parts_commands(wheel: Path) -> Non
     eps = configparser.ConfigParser()
     eps.read_string(text)
     assert dict(eps["console_scripts"]) == {"trainguard": "trainguard.agent.cli:app"}
-    assert set(eps["trainguard.commands"]) == {"server", "demo", "db", "token", "bench"}
+    assert set(eps["trainguard.commands"]) == {*PARTS_COMMANDS}
 
 
 def test_the_agent_extra_brings_no_server_dependency(wheel: Path) -> None:
