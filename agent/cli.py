@@ -106,7 +106,7 @@ def agent(
     raise typer.Exit(agent_main(cfg, setup=_add_local_components))
 
 
-def _add_local_components(agent_obj) -> None:  # type: ignore[no-untyped-def]
+def _add_local_components(agent_obj) -> None:
     """The SDK socket server (ranks, steps, heartbeats) and the command executor."""
     from trainguard.agent.executor import CommandLoop
     from trainguard.agent.local import LocalServer

@@ -73,7 +73,7 @@ class AgentConfig(BaseSettings):
     metrics_host: str = "0.0.0.0"
 
     @classmethod
-    def settings_customise_sources(  # type: ignore[override]
+    def settings_customise_sources(
         cls,
         settings_cls: type[BaseSettings],
         init_settings: PydanticBaseSettingsSource,

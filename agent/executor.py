@@ -46,7 +46,7 @@ import msgspec
 
 from trainguard.agent.executor_in_process import InProcessRestart
 from trainguard.agent.local import LocalServer
-from trainguard.protocol.wire import Ack, Command
+from trainguard.protocol.wire import Ack, Command, Phase
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +234,8 @@ class CommandLoop(InProcessRestart):
         t.start()
         return t
 
-    def _ack(self, command_id: str, phase: str, ts: float, detail: str = "") -> None:
-        ack = Ack(phase=phase, ts=ts, node=self.node, detail=detail[:256])  # type: ignore[arg-type]
+    def _ack(self, command_id: str, phase: Phase, ts: float, detail: str = "") -> None:
+        ack = Ack(phase=phase, ts=ts, node=self.node, detail=detail[:256])
         self.acks.append((command_id, ack))
         delay = 0.2
         for _ in range(6):

@@ -15,7 +15,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from trainguard.agent.local import LocalServer, proc_info
-from trainguard.protocol.wire import Command
+from trainguard.protocol.wire import Command, Phase
 
 
 class LauncherRestart:
@@ -29,7 +29,7 @@ class LauncherRestart:
 
     if TYPE_CHECKING:  # CommandLoop's (agent/executor.py), shared by both levels
 
-        def _ack(self, command_id: str, phase: str, ts: float, detail: str = "") -> None: ...
+        def _ack(self, command_id: str, phase: Phase, ts: float, detail: str = "") -> None: ...
 
         def _ack_resumed(self, cmd: Command, pids: set[int], detail: str = "") -> None: ...
 

@@ -350,7 +350,7 @@ class AgentExporter:
                 "the metrics exporter needs prometheus-client: pip install 'trainguard[agent]'"
             ) from exc
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.collector)  # type: ignore[arg-type]
+        registry.register(self.collector)
         self.readings.attach(self.agent.outbox)
         try:
             self._server, self._thread = start_http_server(self.port, self.host, registry)

@@ -43,7 +43,7 @@ class Outbox:
         # Called at drain time for the current rank table (set by the local SDK server).
         self.ranks_provider: Callable[[], list[RankStatus]] | None = None
 
-    def _trim(self, q: deque) -> None:  # type: ignore[type-arg]
+    def _trim(self, q: deque) -> None:
         while len(q) > self._max:
             q.popleft()
             self._dropped += 1

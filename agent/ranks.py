@@ -318,7 +318,7 @@ class RankTable:
         """Put an event about `rec` (None: about no rank) in the outbox."""
         self.outbox.put_event(
             Event(
-                kind=kind,  # type: ignore[arg-type]
+                kind=kind,  # type: ignore[arg-type]  # callers pass an EventKind name
                 ts=ts if ts is not None else time.time(),
                 job=rec.job if rec else None,
                 rank=rec.rank if rec else None,
@@ -350,7 +350,7 @@ class RankTable:
                 last_step=r.last_step,
                 alive=r.alive,
                 in_process=r.in_process,
-                launcher=r.launcher,  # type: ignore[arg-type]
+                launcher=r.launcher,  # type: ignore[arg-type]  # _declared keeps only LAUNCHERS
                 display_name=r.display_name,
             )
             for r in recs

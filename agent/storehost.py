@@ -87,7 +87,7 @@ def _make_agent_store() -> type:
     import torch.distributed as dist
     from nvidia_resiliency_ext.inprocess.store import StoreMixin
 
-    class AgentStore(dist.PrefixStore, StoreMixin):  # type: ignore[misc]
+    class AgentStore(dist.PrefixStore, StoreMixin):
         """Store factory for `inprocess.Wrapper(store_factory=AgentStore, store_kwargs=...)`:
         a client of the agent-hosted server under `inprocess/<run>/<generation>/`."""
 

@@ -43,7 +43,7 @@ def xid_event(
     fields: dict[str, str | int | float | bool | None] = {"source": source, "action": info.action}
     fields.update({k: v for k, v in data.items() if v is not None})
     return Event(
-        kind=kind,  # type: ignore[arg-type]
+        kind=kind,  # type: ignore[arg-type]  # callers pass an EventKind name
         ts=ts,
         gpu_uuid=gpu_uuid,
         xid=xid,
@@ -401,7 +401,7 @@ class KmsgWatcher:
                 partial += chunk
                 if self._rotated(f):
                     f.close()
-                    f = self._file = open(self.path, "rb")  # noqa: SIM115
+                    f = self._file = open(self.path, "rb")  # noqa: SIM115 - closed by the thread
                     partial = b""
                     continue
                 self._stop.wait(self.poll_s)

@@ -198,7 +198,7 @@ def limit_operator_action(request: Request, principal: Principal) -> None:
     )
 
 
-def require(role: Role):  # type: ignore[no-untyped-def]
+def require(role: Role):
     async def dep(request: Request) -> Principal:
         principal = await authorize(request, role)
         if role == "operator":  # every operator route is an action (restart, cordon ...)

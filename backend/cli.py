@@ -127,7 +127,7 @@ def server(
         host=host,
         port=port,
         log_level=log_level,
-        log_config=uvicorn_log_config(log_format, log_level),  # type: ignore[arg-type]
+        log_config=uvicorn_log_config(log_format, log_level),  # type: ignore[arg-type]  # checked text or json above
         timeout_graceful_shutdown=3,
         # Agents keep one connection and send every agent_batch_interval_s: an idle
         # timeout shorter than that closes it between batches (a failed send, a new TCP
@@ -203,7 +203,7 @@ def _has_tokens(url: str) -> bool:
         engine.dispose()
 
 
-def _token_session(database_url: str | None, data_dir: Path | None):  # type: ignore[no-untyped-def]
+def _token_session(database_url: str | None, data_dir: Path | None):
     from sqlalchemy.orm import Session
 
     from trainguard.backend import db
@@ -275,7 +275,7 @@ def token_revoke(
     typer.echo(f"token {token_id} revoked")
 
 
-def _run_migration(fn, url: str) -> None:  # type: ignore[no-untyped-def]
+def _run_migration(fn, url: str) -> None:
     from sqlalchemy.exc import OperationalError
 
     try:

@@ -233,8 +233,8 @@ def _store_port() -> int | None:
 def _train_missing() -> str | None:
     """Why the demo job cannot run here (the train extra is not installed), or None."""
     try:
-        import nvidia_resiliency_ext  # noqa: F401
-        import torch  # noqa: F401
+        import nvidia_resiliency_ext  # noqa: F401 - imported to check it is installed
+        import torch  # noqa: F401 - imported to check it is installed
     except ImportError as exc:
         return str(exc)
     return None

@@ -108,4 +108,4 @@ def format_from_env(default: LogFormat = "text") -> LogFormat:
     raw = os.environ.get("TRAINGUARD_LOG_FORMAT", default).strip().lower() or default
     if raw not in ("text", "json"):
         raise ValueError(f"TRAINGUARD_LOG_FORMAT must be text or json, got {raw!r}")
-    return raw  # type: ignore[return-value]
+    return raw  # type: ignore[return-value]  # checked text or json above

@@ -23,7 +23,7 @@ class WriterCollector(Collector):
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self):
         stats = self.app.state.writer.stats
         for key, help_ in (
             ("batches", "ingest batches stored"),
@@ -47,7 +47,7 @@ class AnalyticsCollector(Collector):
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self):
         monitor = getattr(self.app.state, "analytics", None)
         gauges = monitor.gauges if monitor is not None else {}
         counts = monitor.stragglers if monitor is not None else {}
@@ -105,7 +105,7 @@ class ControlCollector(Collector):
         self.app.state.metrics_db_cache = (now, statuses, restarts)
         return statuses, restarts
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self):
         up = GaugeMetricFamily(
             "trainguard_database_up", "1 when this replica could read the database for /metrics"
         )
@@ -137,7 +137,7 @@ class ControlCollector(Collector):
         yield from self._fanout()
         yield from self._alerts()
 
-    def _engine(self):  # type: ignore[no-untyped-def]
+    def _engine(self):
         engine = getattr(self.app.state, "decision_engine", None)
         replica = f"{socket.gethostname()}:{os.getpid()}"
         leader = GaugeMetricFamily(
@@ -174,7 +174,7 @@ class ControlCollector(Collector):
             c.add_metric([key], n)
         yield c
 
-    def _fanout(self):  # type: ignore[no-untyped-def]
+    def _fanout(self):
         stats = getattr(getattr(self.app.state, "bus", None), "stats", None)
         if stats is None:
             return
@@ -193,7 +193,7 @@ class ControlCollector(Collector):
         g.add_metric([], stats.remote_topics)
         yield g
 
-    def _alerts(self):  # type: ignore[no-untyped-def]
+    def _alerts(self):
         alerts = getattr(self.app.state, "alerts", None)
         if alerts is None:
             return

@@ -54,11 +54,11 @@ def _gather_objects_without_numpy() -> None:
     """torch.distributed's object collectives (used by DCP to gather save plans) decode
     bytes through numpy; when numpy is not installed, decode them without it."""
     try:
-        import numpy  # noqa: F401
+        import numpy  # noqa: F401 - imported to check it is installed
     except ImportError:
         c10d = dist.distributed_c10d
 
-        def _tensor_to_object(tensor, tensor_size, group):  # type: ignore[no-untyped-def]
+        def _tensor_to_object(tensor, tensor_size, group):
             buf = bytes(tensor.cpu()[: int(tensor_size)].tolist())
             return c10d._unpickler(io.BytesIO(buf)).load()
 
@@ -118,7 +118,7 @@ class ReleaseGloo(inprocess.finalize.Finalize):
     def __init__(self, holder: dict) -> None:
         self.holder = holder
 
-    def __call__(self, state):  # type: ignore[no-untyped-def]
+    def __call__(self, state):
         self.holder.pop("ckpt_pg", None)
         self.holder.pop("pending", None)  # an unfinished async save of the failed iteration
         saver = self.holder.pop("saver", None)
@@ -200,7 +200,7 @@ class StagedSaver:
         self.pool.shutdown(wait=False)
 
 
-def save_checkpoint(args, mem, rank, model, opt, target: str, ckpt_root: Path) -> None:  # type: ignore[no-untyped-def]
+def save_checkpoint(args, mem, rank, model, opt, target: str, ckpt_root: Path) -> None:
     """One save in `args.ckpt_mode`; an asynchronous one leaves its future in mem["pending"]."""
     msd, osd = get_state_dict(model, opt)
     state = {"model": msd, "optim": osd}
@@ -218,7 +218,7 @@ def save_checkpoint(args, mem, rank, model, opt, target: str, ckpt_root: Path) -
         torch.save(state, f"{target}.pt")
 
 
-def record_save(args, rank: int, step: int, start: float, blocked_end: float, fut) -> None:  # type: ignore[no-untyped-def]
+def record_save(args, rank: int, step: int, start: float, blocked_end: float, fut) -> None:
     """`--ckpt-times`: a save's line, written when it completes (an asynchronous save's
     future: from its done callback; a synchronous one: at once). Epoch seconds, as steps."""
 
@@ -268,7 +268,7 @@ def batch(step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x[:, :4].sum(dim=1, keepdim=True)
 
 
-def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = None):  # type: ignore[no-untyped-def]
+def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = None):
     iteration = call_wrapper.iteration if call_wrapper is not None else 0
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     tg.restart_iteration(iteration, rank=rank, world_size=world)
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         monitor_process_logfile=str(logdir / f"monitor-{tg.attempt}-{{rank}}.log"),
     )
 
-    def reported(*a, **kw):  # type: ignore[no-untyped-def]
+    def reported(*a, **kw):
         try:
             return train(*a, **kw)
         except Exception as exc:
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The Wrapper passes its CallWrapper to an argument annotated with the class (a real
     # annotation, not a string: this module does not use `from __future__ import annotations`).
-    def fn(call_wrapper: inprocess.CallWrapper | None = None):  # type: ignore[no-untyped-def]
+    def fn(call_wrapper: inprocess.CallWrapper | None = None):
         return reported(args, tg, injector, mem, call_wrapper=call_wrapper)
 
     final = fn() if args.no_wrapper else wrapper(fn)()

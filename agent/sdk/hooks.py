@@ -26,7 +26,7 @@ def first_report(exc: BaseException) -> bool:
     try:
         if getattr(exc, "_trainguard_reported", False):
             return False
-        exc._trainguard_reported = True  # type: ignore[attr-defined]
+        exc._trainguard_reported = True  # type: ignore[attr-defined]  # a marker on the exception object
         return True
     except Exception:
         if id(exc) in _reported_ids:
@@ -68,8 +68,8 @@ def install(live: Callable[[], Session | None]) -> None:
     def recording_exit(status: object = None) -> None:
         if (s := live()) is not None and threading.current_thread() is threading.main_thread():
             s.exit_code = exit_code(status)
-        real_exit(status)  # type: ignore[arg-type]
+        real_exit(status)  # type: ignore[arg-type]  # sys.exit takes any object
 
     sys.excepthook = excepthook
     threading.excepthook = thread_excepthook
-    sys.exit = recording_exit  # type: ignore[assignment]
+    sys.exit = recording_exit  # type: ignore[assignment]  # a wrapper, returns only if sys.exit does

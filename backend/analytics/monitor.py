@@ -250,7 +250,7 @@ class AnalyticsMonitor:
 
 
 def _fields(s: RankState) -> dict[str, Any]:
-    return {k: getattr(s, k) for k in RankState.__slots__}  # type: ignore[attr-defined]
+    return {k: getattr(s, k) for k in RankState.__slots__}
 
 
 def from_settings(

@@ -149,7 +149,7 @@ def step_rows_after(
 ) -> list[tuple[int, int, int, float, float, int, int]]:
     """(id, rank, step, start, end, attempt, iteration) of rows stored after the cursor."""
     return [
-        tuple(r)  # type: ignore[misc]
+        tuple(r)
         for r in session.execute(
             select(*_scored_row())
             .where(Step.job_id == job_id, Step.id > cursor)
@@ -166,7 +166,7 @@ def recent_step_rows(
     rows = session.execute(
         select(*_scored_row()).where(Step.job_id == job_id).order_by(Step.end.desc()).limit(limit)
     ).all()
-    return sorted((tuple(r) for r in rows), key=lambda r: r[0])  # type: ignore[misc]
+    return sorted((tuple(r) for r in rows), key=lambda r: r[0])
 
 
 def straggler_flags(

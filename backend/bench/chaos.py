@@ -58,7 +58,7 @@ def run(
     if out is not None and not out.parent.is_dir():
         raise ChaosError(f"--out: no directory {out.parent}")
     try:
-        import nvidia_resiliency_ext  # noqa: F401
+        import nvidia_resiliency_ext  # noqa: F401 - imported to check it is installed
         import torch
     except ImportError as exc:
         raise ChaosError(
@@ -67,7 +67,7 @@ def run(
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
     tmp = None if workdir else tempfile.TemporaryDirectory(prefix="tg-chaos-")
-    work = Path(workdir or tmp.name).resolve()  # type: ignore[union-attr]
+    work = Path(workdir or tmp.name).resolve()  # type: ignore[union-attr]  # tmp is set when workdir is not
     work.mkdir(parents=True, exist_ok=True)
     chaos = Chaos(work, cfg)
     interrupted = False

@@ -320,7 +320,7 @@ def bench_retention(
     typer.echo(table(result))
 
 
-def _print_report(report: dict) -> None:  # type: ignore[type-arg]
+def _print_report(report: dict) -> None:
     width = max(len(k) for k in report)
     for k, v in report.items():
         typer.echo(f"{k:<{width}}  {v}")

@@ -325,7 +325,7 @@ class BulkStatements:
         cols = ", ".join(SAMPLE_COLUMNS)
         if self._pg:
             with (
-                dbapi.cursor() as cur,  # type: ignore[union-attr]
+                dbapi.cursor() as cur,  # type: ignore[union-attr]  # an open connection has a driver
                 cur.copy(f"COPY samples ({cols}) FROM STDIN (FORMAT BINARY)") as copy,
             ):
                 copy.set_types(_PG_TYPES)
@@ -333,7 +333,7 @@ class BulkStatements:
                     copy.write_row(r)
         else:
             marks = ", ".join("?" * len(SAMPLE_COLUMNS))
-            cur = dbapi.cursor()  # type: ignore[union-attr]
+            cur = dbapi.cursor()  # type: ignore[union-attr]  # an open connection has a driver
             cur.executemany(f"INSERT INTO samples ({cols}) VALUES ({marks})", rows)
             cur.close()
         return len(rows)

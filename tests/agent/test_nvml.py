@@ -53,7 +53,7 @@ def test_an_nvml_error_on_one_call_is_a_missing_value_not_a_crash(fake_pynvml):
 
 
 def test_a_call_missing_from_an_older_binding_is_missing(fake_pynvml):
-    class OldBinding(type(fake_pynvml)):  # type: ignore[misc]
+    class OldBinding(type(fake_pynvml)):
         def __getattribute__(self, name: str):
             if name == "nvmlDeviceGetCurrentClocksEventReasons":
                 raise AttributeError(name)

@@ -52,7 +52,7 @@ def ident(env: dict[str, str], **kw: object) -> sdk.JobIdentity:
     kw.setdefault("pid", 1000)
     kw.setdefault("ppid", 900)
     kw.setdefault("host", "gpu-1")
-    return sdk.job_identity(env, **kw)  # type: ignore[arg-type]
+    return sdk.job_identity(env, **kw)  # type: ignore[arg-type]  # each test passes the keywords' types
 
 
 def is_wire_name(name: str) -> bool:

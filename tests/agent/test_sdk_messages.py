@@ -200,7 +200,7 @@ def test_the_sdk_acts_on_a_restart_for_its_job_only_and_ignores_the_rest() -> No
     assert restarts.requests == 2 and restarts.pending
     assert (restarts.request_id, restarts.reason) == ("any-job", "")
     assert [type(msg) for msg in sent] == [m.RestartReceived, m.RestartReceived]
-    assert [msg.request_id for msg in sent] == ["ours", "any-job"]  # type: ignore[attr-defined]
+    assert [msg.request_id for msg in sent] == ["ours", "any-job"]  # type: ignore[attr-defined]  # all RestartReceived, checked above
 
 
 def test_a_pending_restart_is_raised_and_reported() -> None:

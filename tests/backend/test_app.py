@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-import trainguard.backend.app  # noqa: F401  (installs the filter on uvicorn's access logger)
+import trainguard.backend.app  # noqa: F401 - installs the filter on uvicorn's access logger
 
 
 def test_access_log_redacts_the_stream_token(caplog: object) -> None:

@@ -88,7 +88,7 @@ def test_incidents_lists_newest_first_and_filters_by_job_and_status(server: Serv
     for job in jobs:
         server.feed(job)
         got = server.cli("restart", job.name, "--level", "launcher", "--reason", "r", "--json")
-        ids[job.name] = _json(got)["id"]  # type: ignore[index]
+        ids[job.name] = _json(got)["id"]  # type: ignore[index]  # --json prints an object
 
     table = server.cli("incidents")
     assert table.returncode == 0, table.stderr
@@ -99,9 +99,9 @@ def test_incidents_lists_newest_first_and_filters_by_job_and_status(server: Serv
     assert {ids["cli-list-0"], ids["cli-list-1"]} <= set(listed)
 
     one = _json(server.cli("incidents", "--job", "cli-list-1", "--json"))
-    assert [i["id"] for i in one] == [ids["cli-list-1"]]  # type: ignore[union-attr, index]
+    assert [i["id"] for i in one] == [ids["cli-list-1"]]
     opened = _json(server.cli("incidents", "--status", "open", "--json"))
-    assert {i["status"] for i in opened} == {"open"}  # type: ignore[union-attr, index]
+    assert {i["status"] for i in opened} == {"open"}
     assert server.cli("incidents", "--job", "cli-list-0", "--status", "resolved").stdout == (
         "no incidents\n"
     )
@@ -138,10 +138,10 @@ def _pending_incident(server: Server, job: JobSeed) -> int:
 
     def pending() -> list[dict[str, object]]:
         got = server.cli("incidents", "--job", job.name, "--status", "pending", "--json")
-        return _json(got)  # type: ignore[return-value]
+        return _json(got)  # type: ignore[return-value]  # --json prints a list of objects
 
     [incident] = wait_for(pending, 30, 0.5)
-    return int(incident["id"])  # type: ignore[call-overload]
+    return int(incident["id"])
 
 
 def test_approve_and_reject_answer_a_dry_run_recommendation(dry_run_server: Server) -> None:
@@ -194,7 +194,7 @@ def test_an_unreachable_server_is_one_line(server: Server) -> None:
 
 
 def test_without_httpx_the_commands_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "httpx", None)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "httpx", None)
     monkeypatch.delitem(sys.modules, "trainguard.client.api", raising=False)
     got = CliRunner().invoke(app, ["incidents", "--token", "t"])
     assert (got.exit_code == 2 and got.exception is None) or isinstance(got.exception, SystemExit)

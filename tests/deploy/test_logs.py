@@ -83,7 +83,7 @@ def test_extra_fields_and_tracebacks_become_fields() -> None:
 def test_the_format_is_text_or_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert uvicorn_log_config("text")["formatters"]["main"]["format"]
     with pytest.raises(ValueError, match="text or json"):
-        uvicorn_log_config("xml")  # type: ignore[arg-type]
+        uvicorn_log_config("xml")  # type: ignore[arg-type]  # a wrong format on purpose
     monkeypatch.setenv("TRAINGUARD_LOG_FORMAT", "JSON")
     assert format_from_env() == "json"
     monkeypatch.setenv("TRAINGUARD_LOG_FORMAT", "yaml")

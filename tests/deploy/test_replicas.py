@@ -99,7 +99,7 @@ class Replica:
             return False
 
     def engine(self) -> dict[str, Any]:
-        return self.http.get("/api/v1/engine", timeout=2).json()  # type: ignore[no-any-return]
+        return self.http.get("/api/v1/engine", timeout=2).json()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -206,7 +206,7 @@ class Stream:
 def commands(replica: Replica, node: str) -> list[dict[str, Any]]:
     r = replica.http.get(f"/api/v1/agents/{node}/commands", params={"wait": 0})
     assert r.status_code == 200, r.text
-    return r.json()  # type: ignore[no-any-return]
+    return r.json()
 
 
 def ack(replica: Replica, cmd: dict[str, Any], phase: str, detail: str = "") -> None:

@@ -74,7 +74,7 @@ def test_the_env_file_holds_valid_agent_settings_and_satisfies_the_cli() -> None
     cfg = AgentConfig(**settings)  # every value passes the agent's validators
     assert cfg.server.startswith("https://") and cfg.interval == 1.0
     # `trainguard agent` requires --server and --token: both come from the environment
-    command = typer.main.get_command(app).commands["agent"]  # type: ignore[attr-defined]
+    command = typer.main.get_command(app).commands["agent"]  # type: ignore[attr-defined]  # a typer app is a click Group
     for param in command.params:
         if param.required:
             assert param.envvar in env, f"--{param.name} is required and not in agent.env"

@@ -37,11 +37,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from playwright.sync_api import sync_playwright  # noqa: E402
+from playwright.sync_api import sync_playwright  # noqa: E402 - after the sys.path line above
 
-from tests.frontend.conftest import CHROMIUM, SCREENSHOTS, Cluster  # noqa: E402
-from tests.frontend.seed import JobSeed, cluster_batches, xid_batch  # noqa: E402
-from tests.support import free_port  # noqa: E402
+from tests.frontend.conftest import CHROMIUM, SCREENSHOTS, Cluster  # noqa: E402 - after the sys.path line above
+from tests.frontend.seed import JobSeed, cluster_batches, xid_batch  # noqa: E402 - after the sys.path line above
+from tests.support import free_port  # noqa: E402 - after the sys.path line above
 
 
 def start(data_dir: Path, engine: bool) -> Cluster:

@@ -177,7 +177,10 @@ def test_an_agent_with_a_bad_token_stores_nothing_and_keeps_its_data_until_fixed
     agent = Agent(procs, "good-node", "tg_" + "z" * 43, port, interval=0.1)
     agent.start()
     wait_for(lambda: agent.spooled() >= 5, 30)
-    log = lambda: procs.log(agent.log_name)  # noqa: E731
+
+    def log() -> str:
+        return procs.log(agent.log_name)
+
     wait_for(lambda: "HTTP 401: invalid or revoked token (check the agent token)" in log(), 30)
     assert agent.stop() == 0
     agent.token = tokens["other-node"]

@@ -178,7 +178,7 @@ def bench_restart(kind: str, workdir: Path) -> float:
                 id=f"b{int(t0)}",
                 job="bench",
                 action=level,
-                node="node0",  # type: ignore[arg-type]
+                node="node0",
                 issued_at=t0,
                 params={"grace_s": 2.0},
             )

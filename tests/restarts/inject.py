@@ -74,7 +74,7 @@ def install() -> None:
     def faulty_step(self: sdk.Session, n: int) -> Any:
         return _FaultyStep(step(self, n), self)
 
-    sdk.Session.step = faulty_step  # type: ignore[method-assign]
+    sdk.Session.step = faulty_step  # type: ignore[method-assign]  # the fault is a patched method
 
 
 def main() -> None:

@@ -213,7 +213,7 @@ class Stack:
         wait_for(lambda: "started:" in log0.read_text(errors="replace"), 60, 0.2)
         if self.cell.nodes == 2:
             for i in range(2):
-                wait_for(lambda i=i: self.agent_socket(i).exists(), 60, 0.1)  # type: ignore[union-attr]
+                wait_for(lambda i=i: self.agent_socket(i).exists(), 60, 0.1)  # type: ignore[union-attr]  # not None with 2 nodes
 
     def script_args(self) -> list[str]:
         if self.cell.wrapper:
@@ -323,7 +323,7 @@ class Stack:
                 assert p.poll() is None, f"a launcher exited ({p.returncode})\n{self.logs()}"
             return self.live(after)
 
-        return wait_for(check, timeout, 0.5)  # type: ignore[no-any-return]
+        return wait_for(check, timeout, 0.5)
 
     def fault(self, fault: str, ranks: list[dict[str, Any]]) -> httpx.Response | None:
         target = self.cell.fault_rank(fault)

@@ -55,7 +55,7 @@ sys.exit(0 if found else 5)
 """
 
 
-def _status(node, pid):  # type: ignore[no-untyped-def]
+def _status(node, pid):
     return next(s for s in node.local.rank_statuses() if s.pid == pid)
 
 

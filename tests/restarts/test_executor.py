@@ -55,7 +55,7 @@ def command(cid: str, action: str, **params: float) -> Command:
         job="job1",
         action=action,
         node="n1",
-        issued_at=time.time(),  # type: ignore[arg-type]
+        issued_at=time.time(),
         reason="test",
         params=params,
     )
@@ -63,7 +63,7 @@ def command(cid: str, action: str, **params: float) -> Command:
 
 def test_in_process_command_is_acked_phase_by_phase_and_runs_once(
     make_node, spawn, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     node = make_node()
     ranks = [spawn([RANK], node.local.socket_path, RANK=str(r)) for r in (0, 1)]
     wait_for(
@@ -102,7 +102,7 @@ def test_in_process_command_is_acked_phase_by_phase_and_runs_once(
     assert all(node.local.ranks[p.pid].iteration == 1 for p in ranks)
 
 
-def test_launcher_command_ends_the_workers_not_the_launcher(make_node, spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_launcher_command_ends_the_workers_not_the_launcher(make_node, spawn, tmp_path) -> None:
     node = make_node()
     launcher = spawn([LAUNCHER, "2"], node.local.socket_path)
     wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
@@ -123,7 +123,7 @@ def test_launcher_command_ends_the_workers_not_the_launcher(make_node, spawn, tm
         loop.stop()
 
 
-def test_a_command_for_a_job_without_ranks_here_fails_with_a_reason(make_node, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_command_for_a_job_without_ranks_here_fails_with_a_reason(make_node, tmp_path) -> None:
     node = make_node()
     backend = BackendStandIn()
     loop = CommandLoop(node.agent, node.local, transport=backend, node="n1", spool_dir=tmp_path)
@@ -148,7 +148,7 @@ def _launch_and_kill_a_worker(node: Any, spawn: Any, delay: float) -> tuple[Any,
 
 def test_commands_finding_the_launcher_mid_restart_ack_its_restart_not_failed(
     make_node, spawn, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     # The benchmark's sequence: a rank is SIGKILLed; by the time the engine's in_process
     # command (for the survivors' exceptions) and then its launcher command arrive, the
     # launcher has stopped the node's other worker and is starting a new generation.
@@ -182,7 +182,7 @@ def test_commands_finding_the_launcher_mid_restart_ack_its_restart_not_failed(
 
 def test_ranks_dying_during_an_in_process_restart_follow_the_launcher(
     make_node, spawn, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     # One rank is stuck (stopped) when the command comes, so the restart request reaches
     # only its peer; it dies while the peer restarts in process, and its launcher ends the
     # peer and restarts the group. (The agent sees an exit at once, so the rank is killed
@@ -208,7 +208,7 @@ def test_ranks_dying_during_an_in_process_restart_follow_the_launcher(
     assert launcher.poll() is None
 
 
-def test_workers_gone_without_a_launcher_fail_after_the_grace(make_node, spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_workers_gone_without_a_launcher_fail_after_the_grace(make_node, spawn, tmp_path) -> None:
     node = make_node()
     ranks = [spawn([RANK], node.local.socket_path, RANK=str(r)) for r in (0, 1)]
     wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
@@ -237,7 +237,7 @@ def _wait_stuck_in_step(node: Any, count: int, step: int) -> set[int]:
 
 def test_ranks_ended_by_the_launcher_before_their_first_step_follow_its_restart(
     make_node, spawn, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     # A rank dies before the command comes, while its launcher has not noticed yet
     # (stopped here; ft_launcher polls). The survivor restarts in process (torn_down,
     # restarted) and hangs before its first step; the launcher then ends it and restarts
@@ -279,7 +279,7 @@ def test_ranks_ended_by_the_launcher_before_their_first_step_follow_its_restart(
 
 def test_ranks_dying_before_their_first_step_without_a_launcher_fail_after_the_grace(
     make_node, spawn, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     node = make_node()
     ranks = [spawn([RANK, "--hang-at", "5"], node.local.socket_path, RANK=str(r)) for r in (0, 1)]
     _wait_stuck_in_step(node, 2, 5)

@@ -38,7 +38,7 @@ def test_min_gap_spaces_the_faults() -> None:
     assert all(b - a >= 40 for a, b in itertools.pairwise(steps))
 
 
-def test_a_fault_fires_once_per_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_fault_fires_once_per_run(tmp_path) -> None:
     plan = [faults.Fault(index=0, step=3, rank=1, kind="exception")]
     inj = faults.Injector(plan, tmp_path)
     inj.before_step(2, 1)
@@ -48,7 +48,7 @@ def test_a_fault_fires_once_per_run(tmp_path) -> None:  # type: ignore[no-untype
     faults.Injector(plan, tmp_path).before_step(3, 1)
 
 
-def test_a_slow_rank_is_slowed_by_its_own_pace_not_compounded(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_slow_rank_is_slowed_by_its_own_pace_not_compounded(tmp_path, monkeypatch) -> None:
     slept: list[float] = []
     monkeypatch.setattr(faults.time, "sleep", slept.append)
     plan = [faults.Fault(index=0, step=5, rank=1, kind="slow", slow_factor=3.0, slow_steps=3)]
@@ -69,7 +69,7 @@ def test_defer_s_goes_to_exception_faults_only_and_changes_no_draw() -> None:
     assert {f.defer_s for f in plain} == {0.0}
 
 
-def _attached_rank(node, job: str):  # type: ignore[no-untyped-def]
+def _attached_rank(node, job: str):
     tg = sdk.attach(
         job=job, rank=1, socket_path=node.local.socket_path, install_signal_handler=False
     )
@@ -79,7 +79,7 @@ def _attached_rank(node, job: str):  # type: ignore[no-untyped-def]
 
 def test_a_deferred_exception_is_reported_then_raised_as_the_agents_restart_request(
     make_node, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     node = make_node()
     tg = _attached_rank(node, "jd")
     try:
@@ -103,7 +103,7 @@ def test_a_deferred_exception_is_reported_then_raised_as_the_agents_restart_requ
         tg.close()
 
 
-def test_a_deferred_exception_raises_itself_when_no_request_comes(make_node, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_deferred_exception_raises_itself_when_no_request_comes(make_node, tmp_path) -> None:
     node = make_node()
     tg = _attached_rank(node, "je")
     try:

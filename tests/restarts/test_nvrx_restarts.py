@@ -11,7 +11,7 @@ from .harness import fault_time, launch_demo, launch_plain, recovery_s
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def test_exception_on_rank_1_is_an_in_process_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_exception_on_rank_1_is_an_in_process_restart(tmp_path) -> None:
     c = launch_demo(
         tmp_path,
         job="exc",
@@ -42,7 +42,7 @@ def test_exception_on_rank_1_is_an_in_process_restart(tmp_path) -> None:  # type
         c.close()
 
 
-def test_sigkill_of_a_worker_is_a_launcher_restart_from_the_last_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_of_a_worker_is_a_launcher_restart_from_the_last_checkpoint(tmp_path) -> None:
     c = launch_demo(
         tmp_path,
         job="kill",
@@ -77,7 +77,7 @@ def test_sigkill_of_a_worker_is_a_launcher_restart_from_the_last_checkpoint(tmp_
         c.close()
 
 
-def test_sigkill_of_rank_0_survives_in_process_with_the_agent_hosted_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_of_rank_0_survives_in_process_with_the_agent_hosted_store(tmp_path) -> None:
     # plain processes and a Wrapper that continues with fewer ranks: the survivors restart
     # in process, which needs the Wrapper's store to outlive rank 0
     c = launch_plain(

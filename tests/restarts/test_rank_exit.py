@@ -16,7 +16,7 @@ from .conftest import HERE
 RANK = str(HERE / "rank_script.py")
 
 
-def _exit_of(node, pid):  # type: ignore[no-untyped-def]
+def _exit_of(node, pid):
     (exit_,) = wait_for(lambda: [e for e in node.kinds("rank_exit") if e.data["pid"] == pid], 30)
     return exit_
 

@@ -120,7 +120,7 @@ def restart_and_follow(url: str, level: str) -> dict[str, Any]:
     return wait_for(resumed, 90, 0.2)
 
 
-def test_in_process_restart_through_the_api_reaches_the_ranks(stack) -> None:  # type: ignore[no-untyped-def]
+def test_in_process_restart_through_the_api_reaches_the_ranks(stack) -> None:
     for r in (0, 1):
         stack["start"](
             f"rank{r}",
@@ -140,7 +140,7 @@ def test_in_process_restart_through_the_api_reaches_the_ranks(stack) -> None:  #
     )
 
 
-def test_launcher_restart_through_the_api_replaces_the_workers(stack) -> None:  # type: ignore[no-untyped-def]
+def test_launcher_restart_through_the_api_replaces_the_workers(stack) -> None:
     launcher = stack["start"](
         "launcher", [str(HERE / "mini_launcher.py"), "2"], **stack["rank_env"]()
     )

@@ -22,7 +22,7 @@ tg.close()
 """
 
 
-def test_compute_sections_travel_with_their_step(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_compute_sections_travel_with_their_step(make_node, spawn) -> None:
     node = make_node()
     p = spawn(["-c", RANK], node.local.socket_path, RANK="1", WORLD_SIZE="2")
     wait_for(lambda: len(node.collect().steps) == 11, timeout=30)

@@ -17,7 +17,7 @@ from .conftest import HERE
 RANK = str(HERE / "rank_script.py")
 
 
-def test_without_an_agent_the_step_hook_drops_and_counts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_without_an_agent_the_step_hook_drops_and_counts(tmp_path) -> None:
     tg = sdk.attach(
         job="j", rank=0, socket_path=str(tmp_path / "nobody.sock"), install_signal_handler=False
     )
@@ -32,7 +32,7 @@ def test_without_an_agent_the_step_hook_drops_and_counts(tmp_path) -> None:  # t
         tg.close()
 
 
-def test_steps_and_rank_status_reach_the_outbox(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_steps_and_rank_status_reach_the_outbox(make_node, spawn) -> None:
     node = make_node()
     p = spawn([RANK, "--steps", "20"], node.local.socket_path, RANK="3", WORLD_SIZE="4")
     # not reaped yet: the agent reads the exit status of the zombie, as with a launcher
@@ -42,11 +42,11 @@ def test_steps_and_rank_status_reach_the_outbox(make_node, spawn) -> None:  # ty
     assert sorted(s.step for s in node.steps) == list(range(20))
     assert {(s.job, s.rank) for s in node.steps} == {("job1", 3)}
     assert node.kinds("rank_start")[0].data["world_size"] == 4
-    (status,) = node.agent.outbox.ranks_provider()  # type: ignore[misc]
+    (status,) = node.agent.outbox.ranks_provider()
     assert (status.rank, status.pid, status.last_step, status.alive) == (3, p.pid, 19, False)
 
 
-def test_a_hang_is_detected_while_heartbeats_continue(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_a_hang_is_detected_while_heartbeats_continue(make_node, spawn) -> None:
     node = make_node(hang_min_s=0.5, hang_factor=10.0)
     p = spawn([RANK, "--hang-at", "15", "--step-s", "0.02"], node.local.socket_path)
     (hang,) = wait_for(lambda: node.kinds("hang"), timeout=30)
@@ -57,7 +57,7 @@ def test_a_hang_is_detected_while_heartbeats_continue(make_node, spawn) -> None:
     assert not node.kinds("heartbeat_lost") and not node.kinds("rank_exit")
 
 
-def test_a_rank_exit_is_reported_with_its_code_or_signal(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_a_rank_exit_is_reported_with_its_code_or_signal(make_node, spawn) -> None:
     node = make_node()
     a = spawn([RANK, "--exit-at", "5", "--exit-code", "3"], node.local.socket_path, RANK="0")
     b = spawn([RANK], node.local.socket_path, RANK="1")
@@ -71,7 +71,7 @@ def test_a_rank_exit_is_reported_with_its_code_or_signal(make_node, spawn) -> No
     a.wait(5), b.wait(5)
 
 
-def test_a_restart_request_is_raised_at_the_next_step_boundary(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_a_restart_request_is_raised_at_the_next_step_boundary(make_node, spawn) -> None:
     node = make_node()
     p = spawn([RANK], node.local.socket_path)
     wait_for(lambda: (node.local.ranks.get(p.pid) or None) and node.local.ranks[p.pid].last_step)
@@ -83,7 +83,7 @@ def test_a_restart_request_is_raised_at_the_next_step_boundary(make_node, spawn)
     assert node.local.request_restart("other-job", "req-2") == []
 
 
-def test_a_rank_stuck_in_a_long_step_is_interrupted_by_a_signal(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_a_rank_stuck_in_a_long_step_is_interrupted_by_a_signal(make_node, spawn) -> None:
     node = make_node()
     p = spawn([RANK, "--long-step-at", "10", "--signal-after", "0.3"], node.local.socket_path)
     wait_for(lambda: p.pid in node.local.ranks and node.local.ranks[p.pid].last_step == 9, 20)
@@ -94,7 +94,7 @@ def test_a_rank_stuck_in_a_long_step_is_interrupted_by_a_signal(make_node, spawn
     wait_for(lambda: (node.local.ranks[p.pid].last_step or 0) >= 10, timeout=10)  # redone
 
 
-def test_an_xid_posted_through_the_socket_reaches_the_simulated_gpus(make_node) -> None:  # type: ignore[no-untyped-def]
+def test_an_xid_posted_through_the_socket_reaches_the_simulated_gpus(make_node) -> None:
     node = make_node()
     tg = sdk.attach(job="j", socket_path=node.local.socket_path, install_signal_handler=False)
     try:
@@ -106,7 +106,7 @@ def test_an_xid_posted_through_the_socket_reaches_the_simulated_gpus(make_node) 
         tg.close()
 
 
-def test_a_forked_child_does_not_report_for_the_rank(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_forked_child_does_not_report_for_the_rank(tmp_path) -> None:
     # NVRx forks a monitor process from every rank; its exit must not say "bye" for it
     tg = sdk.attach(job="j", socket_path=str(tmp_path / "none.sock"), install_signal_handler=False)
     try:
@@ -126,7 +126,7 @@ def test_a_forked_child_does_not_report_for_the_rank(tmp_path) -> None:  # type:
         tg.close()
 
 
-def test_an_exit_wakes_the_server_at_once_without_any_polling(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_an_exit_wakes_the_server_at_once_without_any_polling(make_node, spawn) -> None:
     # no clock check can fire within the test: only the rank's pidfd can report the exit
     node = make_node(check_interval=3600, heartbeat_timeout_s=3600, hang_first_step_s=3600)
     p = spawn([RANK, "--exit-at", "5", "--exit-code", "3"], node.local.socket_path)
@@ -138,7 +138,7 @@ def test_an_exit_wakes_the_server_at_once_without_any_polling(make_node, spawn) 
     assert rec.last_step == 4
 
 
-def test_without_pidfds_ranks_are_polled_in_proc(make_node, spawn, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_without_pidfds_ranks_are_polled_in_proc(make_node, spawn, monkeypatch) -> None:
     def no_pidfd(pid: int, flags: int = 0) -> int:
         raise OSError(errno.ENOSYS, "pidfd_open not implemented")
 
@@ -156,14 +156,14 @@ def test_without_pidfds_ranks_are_polled_in_proc(make_node, spawn, monkeypatch) 
     a.wait(5), b.wait(5)
 
 
-def test_the_server_does_not_wake_while_nothing_happens(make_node) -> None:  # type: ignore[no-untyped-def]
+def test_the_server_does_not_wake_while_nothing_happens(make_node) -> None:
     node = make_node()
     before = node.local.wakeups
     time.sleep(1.0)  # the window observed, not a synchronisation: the old loop woke 10 times
     assert node.local.wakeups == before
 
 
-def test_a_stopped_rank_is_reported_heartbeat_lost_and_recovers(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_a_stopped_rank_is_reported_heartbeat_lost_and_recovers(make_node, spawn) -> None:
     node = make_node(heartbeat_timeout_s=1.0, hang_min_s=30.0)
     p = spawn([RANK], node.local.socket_path)
     wait_for(lambda: p.pid in node.local.ranks and node.local.ranks[p.pid].last_step, timeout=20)
@@ -176,7 +176,7 @@ def test_a_stopped_rank_is_reported_heartbeat_lost_and_recovers(make_node, spawn
     assert node.local.ranks[p.pid].alive
 
 
-def test_an_exited_rank_leaves_the_table_after_keep_exited_s(make_node, spawn) -> None:  # type: ignore[no-untyped-def]
+def test_an_exited_rank_leaves_the_table_after_keep_exited_s(make_node, spawn) -> None:
     node = make_node(keep_exited_s=0.5)
     p = spawn([RANK, "--steps", "3"], node.local.socket_path)
     wait_for(lambda: node.kinds("rank_exit"), timeout=20)
@@ -184,7 +184,7 @@ def test_an_exited_rank_leaves_the_table_after_keep_exited_s(make_node, spawn) -
     assert node.local.rank_statuses() == []
 
 
-def test_the_first_step_of_a_generation_and_a_slow_step_are_sent_at_once(make_node) -> None:  # type: ignore[no-untyped-def]
+def test_the_first_step_of_a_generation_and_a_slow_step_are_sent_at_once(make_node) -> None:
     # The executor acks `resumed` at the first step of every rank's new generation; with
     # an hour between regular flushes, only the at-once send can bring it.
     node = make_node()

@@ -31,7 +31,7 @@ def bearer(token: str) -> dict[str, str]:
 
 def batch(node: str, seq: int = 1, agent_id: str = "agent000001", **kw: object) -> bytes:
     return wire.encode(
-        wire.Batch(node=node, agent_id=agent_id, seq=seq, sent_at=time.time(), **kw)  # type: ignore[arg-type]
+        wire.Batch(node=node, agent_id=agent_id, seq=seq, sent_at=time.time(), **kw)  # type: ignore[arg-type]  # callers pass Batch's field types
     )
 
 

@@ -18,15 +18,15 @@ from tests.support import AUTH, TOKEN, free_port, wait_for
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is a dev dependency")
 
-from hypothesis import HealthCheck, settings  # noqa: E402  (installed with schemathesis)
-from schemathesis.checks import not_a_server_error  # noqa: E402
-from schemathesis.specs.openapi.checks import (  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402 - after importorskip (installed with schemathesis)
+from schemathesis.checks import not_a_server_error  # noqa: E402 - after importorskip
+from schemathesis.specs.openapi.checks import (  # noqa: E402 - after importorskip
     negative_data_rejection,
     response_schema_conformance,
 )
 
-from trainguard.backend.app import create_app  # noqa: E402
-from trainguard.backend.settings import Settings  # noqa: E402
+from trainguard.backend.app import create_app  # noqa: E402 - after importorskip
+from trainguard.backend.settings import Settings  # noqa: E402 - after importorskip
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def _tail(path: Path) -> str:
     suppress_health_check=list(HealthCheck),
 )
 def test_the_api_matches_its_schema_and_never_fails(case: object, server: str) -> None:
-    case.call_and_validate(  # type: ignore[attr-defined]
+    case.call_and_validate(  # type: ignore[attr-defined]  # schemathesis passes a Case
         base_url=server,
         headers=AUTH,
         timeout=30,

@@ -64,7 +64,7 @@ def _incident(iid: int, fault_at: float | None, **kw: Any) -> dict[str, Any]:
     }
 
 
-def _steps(job: str, node: str, ranks: list[int], start: float, end: float, gen=(0, 0)):  # type: ignore[no-untyped-def]
+def _steps(job: str, node: str, ranks: list[int], start: float, end: float, gen=(0, 0)):
     """One step per rank every 0.5 s from `start` to `end`."""
     out = []
     t = start
@@ -304,7 +304,7 @@ def _head() -> dict[str, Any]:
 # --- the API's state against the processes ---------------------------------------------
 
 
-def _obs(ts: float, alive: bool, since: float, status: str, procs: list, api: list) -> dict:  # type: ignore[type-arg]
+def _obs(ts: float, alive: bool, since: float, status: str, procs: list, api: list) -> dict:
     node = {
         "agent_alive": alive,
         "agent_since": since,

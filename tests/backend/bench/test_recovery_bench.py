@@ -120,7 +120,7 @@ def _cmd(cid: str, node: str, action: str, issued: float, *acks: tuple[str, floa
     }
 
 
-def _incident(iid: int, fault_at: float, decisions: list[str], commands: list[Any], **kw: Any):  # type: ignore[no-untyped-def]
+def _incident(iid: int, fault_at: float, decisions: list[str], commands: list[Any], **kw: Any):
     tl = {
         "fault_at": fault_at,
         "detected_at": fault_at + 0.02,

@@ -121,7 +121,7 @@ class Cluster:
             rows = s.execute(
                 select(Command.id, Command.node_id).where(Command.delivered_at.is_(None))
             ).all()
-            names = {nid: s.get(Node, nid).name for _, nid in rows}  # type: ignore[union-attr]
+            names = {nid: s.get(Node, nid).name for _, nid in rows}  # type: ignore[union-attr]  # a command's node exists
         for cid, nid in rows:
             self.ack(cid, names[nid], "delivered", "torn_down", "restarted", "resumed")
             n += 1

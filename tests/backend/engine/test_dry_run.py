@@ -52,7 +52,7 @@ def test_dry_run_waits_for_approval_then_issues_commands(make_client: Any, tmp_p
     assert client.get("/api/v1/agents/n1/commands", params={"wait": 0}).json() == []
     # More evidence of the same fault joins the recommendation.
     exception(client, "job-a", 3)
-    wait_for(lambda: len(incident_of(client, "job-a")["evidence"]) == 2)  # type: ignore[index]
+    wait_for(lambda: len(incident_of(client, "job-a")["evidence"]) == 2)  # type: ignore[index]  # the job has an incident by now
     assert client.get("/api/v1/agents/n1/commands", params={"wait": 0}).json() == []
 
     r = client.post(f"/api/v1/incidents/{inc['id']}/approve", json={"reason": "looks right"})
@@ -82,7 +82,7 @@ def test_dry_run_waits_for_approval_then_issues_commands(make_client: Any, tmp_p
     assert "a known flake" in r.json()["outcome"]
     engine = client.app.state.decision_engine
     wait_for(lambda: engine.last_sweep_at and engine.last_sweep_at > time.time() - 0.1)
-    assert incident_of(client, "job-b")["commands"] == []  # type: ignore[index]
+    assert incident_of(client, "job-b")["commands"] == []  # type: ignore[index]  # the job has an incident by now
 
     with client.app.state.sessions() as s:
         audit = s.scalars(select(AuditLog).order_by(AuditLog.id)).all()
