@@ -9,13 +9,14 @@ import gc
 import logging
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
 
@@ -84,26 +85,18 @@ if not any(isinstance(f, _RedactTokens) for f in _ACCESS_LOG.filters):
     _ACCESS_LOG.addFilter(_RedactTokens())
 
 
-# What a 422 from this app looks like (the handler in create_app), for the OpenAPI page.
-_VALIDATION_ERROR_SCHEMA: dict[str, Any] = {
-    "title": "HTTPValidationError",
-    "type": "object",
-    "required": ["detail"],
-    "properties": {
-        "detail": {"type": "string", "description": "what is wrong, naming the field"},
-        "errors": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "loc": {"type": "array", "items": {"type": ["string", "integer"]}},
-                    "msg": {"type": "string"},
-                    "type": {"type": "string"},
-                },
-            },
-        },
-    },
-}
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "unavailable"]
+    detail: str | None = Field(default=None, description="why not ready (unavailable only)")
+
+
+_READINESS = {"application/json": {"schema": {"$ref": "#/components/schemas/Readiness"}}}
+# Prometheus' text exposition format, as /metrics sends it.
+_PROMETHEUS_TEXT = {"text/plain": {"schema": {"type": "string"}}}
 
 
 def _publish_stored(bus: LiveBus, stored: Stored) -> None:
@@ -264,19 +257,27 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse({"detail": "; ".join(msgs), "errors": safe}, 422)
 
     def openapi() -> dict[str, Any]:
-        """FastAPI's document, with the 422 body this app really sends (see _validation)."""
+        """FastAPI's document, with the one error body this app really sends (see
+        _validation and errors.install) also under FastAPI's name for its 422."""
         if app.openapi_schema is None:
             doc = get_openapi(
                 title=app.title, version=app.version, summary=app.summary, routes=app.routes
             )
-            doc.setdefault("components", {}).setdefault("schemas", {})["HTTPValidationError"] = (
-                _VALIDATION_ERROR_SCHEMA
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            body = errors.ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, definition in body.pop("$defs", {}).items():
+                schemas.setdefault(name, definition)
+            schemas["ErrorBody"] = dict(body)
+            schemas["HTTPValidationError"] = {**body, "title": "HTTPValidationError"}
+            schemas.pop("ValidationError", None)
+            schemas.setdefault(
+                "Readiness",
+                Readiness.model_json_schema(ref_template="#/components/schemas/{model}"),
             )
-            doc["components"]["schemas"].pop("ValidationError", None)
             app.openapi_schema = doc
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI documents replacing app.openapi
 
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(ingest_router)
@@ -290,10 +291,19 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(api)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    def healthz() -> Health:
+        return Health(status="ok")
 
-    @app.get("/readyz", tags=["ops"], summary="Readiness: the database answers")
+    @app.get(
+        "/readyz",
+        tags=["ops"],
+        summary="Readiness: the database answers",
+        response_class=JSONResponse,
+        responses={
+            200: {"description": "ready", "content": _READINESS},
+            503: {"description": "the database does not answer", "content": _READINESS},
+        },
+    )
     def readyz() -> JSONResponse:
         try:
             with engine.connect() as conn:
@@ -302,7 +312,19 @@ def create_app(settings: Settings) -> FastAPI:
             return JSONResponse({"status": "unavailable", "detail": str(exc)[:200]}, 503)
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (viewer token)")
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        summary="Prometheus metrics (viewer token)",
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "description": "Prometheus text exposition format (version 0.0.4)",
+                "content": _PROMETHEUS_TEXT,
+            },
+            **errors.responses(*errors.VIEWER),
+        },
+    )
     def prometheus(_: ViewerDep) -> Response:
         return Response(metrics.render(app), media_type="text/plain; version=0.0.4")
 

@@ -1,9 +1,13 @@
-"""Domain errors raised by services, mapped to HTTP in one handler."""
+"""Domain errors raised by services, mapped to HTTP in one handler; the one error body
+every handler here (and the app's 422 handler) sends, and its OpenAPI description."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 
@@ -21,6 +25,58 @@ class NotFound(DomainError):
 
 class Conflict(DomainError):
     status_code = 409
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx of the API: `{"detail": "..."}`; a refused request body or query adds
+    the first few field errors (`errors`)."""
+
+    detail: str = Field(description="what is wrong, in words (naming the field for a 422)")
+    errors: list[FieldError] | None = Field(
+        default=None, description="422 on request validation only: the field errors"
+    )
+
+
+# What each status means on this API, for the OpenAPI page (a route may say more).
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "malformed request (e.g. bad JSON, inconsistent parameters)",
+    401: "missing, unknown or revoked bearer token",
+    403: "the token lacks the role, or is bound to another node",
+    404: "no such resource",
+    409: "conflicts with the resource's current state",
+    413: "body too large",
+    422: "invalid input; the message names the field",
+    429: "too many operator actions by this principal; see Retry-After",
+    503: "database unavailable; retry (see Retry-After)",
+}
+
+
+# Errors are JSON also on routes that answer text (/metrics) or a stream (/stream); the
+# component is added to the document by app.create_app's openapi().
+_ERROR_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+
+
+def responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route: each status with the error body and its description;
+    `descriptions` overrides one by name (`_404="unknown job"`)."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        text = descriptions.get(f"_{code}", ERROR_DESCRIPTIONS[code])
+        out[code] = {"description": text, "content": _ERROR_CONTENT}
+    return out
+
+
+# The statuses of every route behind a role (ViewerDep, OperatorDep, AgentDep): a token
+# lookup reads the database, so 503 applies to each; operator routes add 429.
+VIEWER = (401, 403, 503)
+OPERATOR = (401, 403, 429, 503)
+AGENT = (401, 403, 503)
 
 
 def install(app: FastAPI) -> None:

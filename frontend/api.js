@@ -79,7 +79,13 @@ async function errorDetail(response) {
  * server; an aborted request rethrows the AbortError (callers ignore it).
  * `token` overrides the stored one (the login form checks a token before storing it).
  */
-export async function apiRequest(method, path, { params, body, signal, token } = {}) {
+export async function apiRequest(method, path, options = {}) {
+  const response = await send(method, path, options);
+  if (response.status === 204) return null;
+  return response.json();
+}
+
+async function send(method, path, { params, body, signal, token } = {}) {
   const headers = { Accept: "application/json", Authorization: `Bearer ${token ?? getToken()}` };
   const init = { method, headers, signal };
   if (body !== undefined) {
@@ -100,12 +106,25 @@ export async function apiRequest(method, path, { params, body, signal, token } =
     }
     throw error;
   }
-  if (response.status === 204) return null;
-  return response.json();
+  return response;
 }
 
 export const apiGet = (path, params, options = {}) =>
   apiRequest("GET", path, { ...options, params });
+
+/**
+ * One page of a keyset-paged list (GET /incidents): {items, next, prev}, where next (older
+ * rows) and prev (newer ones) are the opaque cursors of the adjacent pages, null at an end.
+ */
+export async function apiGetPage(path, params, options = {}) {
+  const response = await send("GET", path, { ...options, params });
+  const headers = response.headers;
+  return {
+    items: await response.json(),
+    next: headers.get("X-Next-Cursor"),
+    prev: headers.get("X-Prev-Cursor"),
+  };
+}
 
 export const apiPost = (path, body, options = {}) =>
   apiRequest("POST", path, { ...options, body });

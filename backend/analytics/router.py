@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import BaseModel, Field
 
+from trainguard.backend import errors
 from trainguard.backend.analytics import advice, service
+from trainguard.backend.analytics.schemas import (
+    AdviceReport,
+    GoodputReport,
+    NodeStragglerReport,
+    StragglerReport,
+    WhatIf,
+    WhatIfResult,
+)
 from trainguard.backend.auth import ViewerDep
 from trainguard.backend.db import SessionDep
 from trainguard.backend.errors import DomainError
@@ -17,29 +25,42 @@ router = APIRouter(tags=["analytics"])
 
 JobName = Annotated[str, Path(max_length=128)]
 NodeName = Annotated[str, Path(max_length=128)]
-Level = Literal["in_process", "launcher", "exclude_node", "stop_job"]
+_JOB_ERRORS = errors.responses(*errors.VIEWER, 404, 422, _404="unknown job")
 
 
 class InvalidInput(DomainError):
     status_code = 422
 
 
-@router.get("/jobs/{job}/stragglers", summary="Per-rank straggler scores and flags")
+@router.get(
+    "/jobs/{job}/stragglers",
+    summary="Per-rank straggler scores and flags",
+    responses=_JOB_ERRORS,
+)
 def job_stragglers(
     job: JobName, request: Request, session: SessionDep, _: ViewerDep
-) -> dict[str, Any]:
+) -> StragglerReport:
     state = request.app.state
-    return service.straggler_report(
+    report = service.straggler_report(
         session, get_job(session, job), state.straggler_config, state.analytics
     )
+    return StragglerReport.model_validate(report)
 
 
-@router.get("/nodes/{node}/stragglers", summary="A node's straggler flags and its GPUs")
-def node_stragglers(node: NodeName, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
-    return service.node_straggler_report(session, node)
+@router.get(
+    "/nodes/{node}/stragglers",
+    summary="A node's straggler flags and its GPUs",
+    responses=errors.responses(*errors.VIEWER, 404, 422, _404="no such node"),
+)
+def node_stragglers(node: NodeName, session: SessionDep, _: ViewerDep) -> NodeStragglerReport:
+    return NodeStragglerReport.model_validate(service.node_straggler_report(session, node))
 
 
-@router.get("/jobs/{job}/goodput", summary="Goodput and badput buckets over a window")
+@router.get(
+    "/jobs/{job}/goodput",
+    summary="Goodput and badput buckets over a window",
+    responses=_JOB_ERRORS,
+)
 def job_goodput(
     job: JobName,
     request: Request,
@@ -50,46 +71,38 @@ def job_goodput(
         float | None, Query(ge=0, description="end of the window (default now)")
     ] = None,
     points: Annotated[int, Query(ge=1, le=500, description="bars in the series")] = 24,
-) -> dict[str, Any]:
+) -> GoodputReport:
     settings = request.app.state.settings
-    return service.goodput_report(
+    report = service.goodput_report(
         session, get_job(session, job), window, points, settings.goodput_idle_after_s, until
     )
+    return GoodputReport.model_validate(report)
 
 
-@router.get("/jobs/{job}/advice", summary="MTBF, checkpoint cost and the recommended interval")
-def job_advice(job: JobName, request: Request, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
+@router.get(
+    "/jobs/{job}/advice",
+    summary="MTBF, checkpoint cost and the recommended interval",
+    responses=_JOB_ERRORS,
+)
+def job_advice(job: JobName, request: Request, session: SessionDep, _: ViewerDep) -> AdviceReport:
     settings = request.app.state.settings
-    return service.advice_report(
+    report = service.advice_report(
         session,
         get_job(session, job),
         settings.goodput_idle_after_s,
         settings.advice_mtbf_per_gpu_h * 3600,
     )
+    return AdviceReport.model_validate(report)
 
 
-class WhatIf(BaseModel):
-    model_config = {"extra": "forbid"}
-    gpus: int = Field(ge=1, le=10_000_000, description="GPUs in the job")
-    mtbf_per_gpu_h: float = Field(
-        default=advice.LLAMA3_MTBF_PER_GPU_S / 3600,
-        gt=0,
-        description="mean time between failures of one GPU (default: Llama 3's rate)",
-    )
-    checkpoint_cost_s: float = Field(gt=0, le=86400, description="blocking time of a save")
-    checkpoint_interval_s: float | None = Field(
-        default=None, gt=0, description="interval to evaluate (default: Daly's optimum)"
-    )
-    restart_s: dict[Level, Annotated[float, Field(ge=0, le=86400)]] = Field(
-        min_length=1, description="restart time per level, fault to resumed"
-    )
-    level_mix: dict[Level, Annotated[float, Field(ge=0)]] | None = Field(
-        default=None, description="share of failures recovered at each level"
-    )
-
-
-@router.post("/advice/whatif", summary="Expected goodput of a cluster (what-if calculator)")
-def whatif(body: WhatIf, _: ViewerDep) -> dict[str, Any]:
+@router.post(
+    "/advice/whatif",
+    summary="Expected goodput of a cluster (what-if calculator)",
+    # `weights` only on the mix, as the calculator answers it.
+    response_model_exclude_unset=True,
+    responses=errors.responses(*errors.VIEWER, 422),
+)
+def whatif(body: WhatIf, _: ViewerDep) -> WhatIfResult:
     if body.level_mix is not None:
         # Checked here, not in a pydantic validator: the app's 422 handler cannot serialise
         # the exception a validator raises.
@@ -98,7 +111,7 @@ def whatif(body: WhatIf, _: ViewerDep) -> dict[str, Any]:
             raise InvalidInput(f"level_mix names levels without a restart time: {unknown}")
         if sum(body.level_mix.values()) <= 0:
             raise InvalidInput("level_mix weights must not all be zero")
-    return advice.whatif(
+    result = advice.whatif(
         gpus=body.gpus,
         mtbf_per_gpu_s=body.mtbf_per_gpu_h * 3600,
         checkpoint_cost_s=body.checkpoint_cost_s,
@@ -106,3 +119,4 @@ def whatif(body: WhatIf, _: ViewerDep) -> dict[str, Any]:
         level_mix={str(k): v for k, v in body.level_mix.items()} if body.level_mix else None,
         interval_s=body.checkpoint_interval_s,
     )
+    return WhatIfResult.model_validate(result)

@@ -4,9 +4,10 @@ so the dashboard shows each XID's meaning and immediate action without a copy of
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel
 
+from trainguard.backend import errors
 from trainguard.backend.auth import ViewerDep
+from trainguard.backend.catalog.schemas import XidCatalog, XidEntry
 from trainguard.protocol.xid import UNKNOWN_XID, XID_CATALOG
 
 router = APIRouter(tags=["catalog"])
@@ -24,23 +25,15 @@ ACTIONS: dict[str, str] = {
 }
 
 
-class XidEntry(BaseModel):
-    xid: int
-    meaning: str
-    action: str
-    action_text: str
-
-
-class XidCatalog(BaseModel):
-    xids: list[XidEntry]
-    unknown: XidEntry
-
-
 def _entry(xid: int, meaning: str, action: str) -> XidEntry:
     return XidEntry(xid=xid, meaning=meaning, action=action, action_text=ACTIONS.get(action, ""))
 
 
-@router.get("/xids", summary="NVIDIA's XID catalog: meaning and immediate action of each code")
+@router.get(
+    "/xids",
+    summary="NVIDIA's XID catalog: meaning and immediate action of each code",
+    responses=errors.responses(*errors.VIEWER),
+)
 def xid_catalog(response: Response, _: ViewerDep) -> XidCatalog:
     # The catalog changes only with a new release: let the browser keep it for an hour.
     response.headers["Cache-Control"] = "private, max-age=3600"

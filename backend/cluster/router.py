@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
-from pydantic import BaseModel, Field
 
+from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
 from trainguard.backend.cluster import cordons, service
+from trainguard.backend.cluster.schemas import (
+    Cordon,
+    CordonRequest,
+    CordonState,
+    Event,
+    Gpu,
+    GpuSeries,
+    Node,
+    NodeDetail,
+)
 from trainguard.backend.db import SessionDep
 from trainguard.backend.engine.hooks import run_hook
 from trainguard.backend.errors import DomainError
@@ -33,36 +43,61 @@ def _repair(request: Request) -> tuple[int, float]:
     return int(r.repair_after), float(r.repair_window_s)
 
 
-@router.get("/nodes", summary="Every node with its health and its current cordon")
-def list_nodes(request: Request, session: SessionDep, _: ViewerDep) -> list[dict[str, Any]]:
-    return service.list_nodes(session, _down_after(request), _repair(request))
+_NODE_ERRORS = errors.responses(*errors.VIEWER, 404, 422, _404="no such node")
 
 
-@router.get("/nodes/{node}", summary="One node, with its GPUs and its current cordon")
-def get_node(node: NodeName, request: Request, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
+@router.get(
+    "/nodes",
+    summary="Every node with its health and its current cordon",
+    responses=errors.responses(*errors.VIEWER),
+)
+def list_nodes(request: Request, session: SessionDep, _: ViewerDep) -> list[Node]:
+    nodes = service.list_nodes(session, _down_after(request), _repair(request))
+    return [Node.model_validate(n) for n in nodes]
+
+
+@router.get(
+    "/nodes/{node}",
+    summary="One node, with its GPUs and its current cordon",
+    responses=_NODE_ERRORS,
+)
+def get_node(node: NodeName, request: Request, session: SessionDep, _: ViewerDep) -> NodeDetail:
     n = service.get_node(session, node)
     gpus = service.node_gpus(session, n)
     out = service.node_dict(n, len(gpus), time.time(), _down_after(request))
     out.update(service.cordon_info(session, [n.id], _repair(request)).get(n.id, {}))
     out["gpus"] = gpus
-    return out
+    return NodeDetail.model_validate(out)
 
 
 @router.get(
     "/nodes/{node}/cordons",
     summary="A node's cordons, newest first: who or what, why, and its readmission",
-    responses={404: {"description": "no such node"}},
+    responses=_NODE_ERRORS,
 )
-def node_cordons(node: NodeName, session: SessionDep, _: ViewerDep) -> list[dict[str, Any]]:
-    return cordons.history(session, service.get_node(session, node))
+def node_cordons(node: NodeName, session: SessionDep, _: ViewerDep) -> list[Cordon]:
+    rows = cordons.history(session, service.get_node(session, node))
+    return [Cordon.model_validate(c) for c in rows]
 
 
-@router.get("/nodes/{node}/gpus", summary="The GPUs of a node with their latest sample")
-def node_gpus(node: NodeName, session: SessionDep, _: ViewerDep) -> list[dict[str, Any]]:
-    return service.node_gpus(session, service.get_node(session, node))
+@router.get(
+    "/nodes/{node}/gpus",
+    summary="The GPUs of a node with their latest sample",
+    responses=_NODE_ERRORS,
+)
+def node_gpus(node: NodeName, session: SessionDep, _: ViewerDep) -> list[Gpu]:
+    return [
+        Gpu.model_validate(g) for g in service.node_gpus(session, service.get_node(session, node))
+    ]
 
 
-@router.get("/gpus/{uuid}/samples", summary="A GPU's samples, downsampled, columnar")
+@router.get(
+    "/gpus/{uuid}/samples",
+    summary="A GPU's samples, downsampled, columnar",
+    responses=errors.responses(
+        *errors.VIEWER, 400, 404, 422, _400="`since` is not before `until`", _404="no such GPU"
+    ),
+)
 def gpu_samples(
     uuid: Annotated[str, Path(max_length=96)],
     session: SessionDep,
@@ -72,15 +107,19 @@ def gpu_samples(
     ] = None,
     until: Annotated[float | None, Query(ge=0, description="Unix seconds; default now")] = None,
     points: Annotated[int, Query(ge=1, le=5000)] = 300,
-) -> dict[str, Any]:
+) -> GpuSeries:
     until = time.time() if until is None else until
     since = until - 600 if since is None else since
     if since >= until:
         raise DomainError("`since` must be before `until`")
-    return service.gpu_series(session, uuid, since, until, points)
+    return GpuSeries.model_validate(service.gpu_series(session, uuid, since, until, points))
 
 
-@router.get("/events", summary="Events, newest first")
+@router.get(
+    "/events",
+    summary="Events, newest first",
+    responses=errors.responses(*errors.VIEWER, 422),
+)
 def list_events(
     session: SessionDep,
     _: ViewerDep,
@@ -90,13 +129,9 @@ def list_events(
     since: Annotated[float | None, Query(ge=0)] = None,
     until: Annotated[float | None, Query(ge=0)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> list[dict[str, Any]]:
-    return service.list_events(session, node, kind, job, since, until, limit)
-
-
-class CordonRequest(BaseModel):
-    model_config = {"extra": "forbid"}
-    reason: str = Field(default="", max_length=500)
+) -> list[Event]:
+    events = service.list_events(session, node, kind, job, since, until, limit)
+    return [Event.model_validate(e) for e in events]
 
 
 def _uncordon_hook(request: Request, node: str, who: str) -> None:
@@ -120,23 +155,23 @@ def _uncordon_hook(request: Request, node: str, who: str) -> None:
 @router.post(
     "/nodes/{node}/cordon",
     summary="Cordon a node (no new work; audited)",
-    responses={404: {"description": "no such node"}},
+    responses=errors.responses(*errors.OPERATOR, 404, 422, _404="no such node"),
 )
 def cordon(
     node: NodeName, session: SessionDep, who: OperatorDep, body: CordonRequest | None = None
-) -> dict[str, Any]:
+) -> CordonState:
     n = service.get_node(session, node)
     reason = (body.reason if body else "") or "cordoned by an operator"
     now = time.time()
     if cordons.cordon(session, n, who.name, reason, now) is None:
         _audit(session, now, who.name, "cordon", node, reason)  # already cordoned
-    return {"name": node, "cordoned": True}
+    return CordonState(name=node, cordoned=True)
 
 
 @router.post(
     "/nodes/{node}/uncordon",
     summary="Readmit a cordoned node through the uncordon hook (operator; audited)",
-    responses={404: {"description": "no such node"}},
+    responses=errors.responses(*errors.OPERATOR, 404, 422, _404="no such node"),
 )
 def uncordon(
     node: NodeName,
@@ -145,7 +180,7 @@ def uncordon(
     request: Request,
     background: BackgroundTasks,
     body: CordonRequest | None = None,
-) -> dict[str, Any]:
+) -> CordonState:
     n = service.get_node(session, node)
     reason = (body.reason if body else "") or "readmitted by an operator"
     now = time.time()
@@ -153,7 +188,7 @@ def uncordon(
         background.add_task(_uncordon_hook, request, node, who.name)
     else:
         _audit(session, now, who.name, "uncordon", node, reason)  # was not cordoned
-    return {"name": node, "cordoned": False}
+    return CordonState(name=node, cordoned=False)
 
 
 def _audit(session: SessionDep, now: float, who: str, action: str, node: str, why: str) -> None:

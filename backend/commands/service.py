@@ -121,7 +121,7 @@ def pending_for_node(session: Session, node: str) -> list[wire.Command]:
         wire.Command(
             id=c.id,
             job=job_name,
-            action=c.action,  # type: ignore[arg-type]
+            action=c.action,  # type: ignore[arg-type]  # the column holds an Action name
             node=node,
             issued_at=c.issued_at,
             incident_id=c.incident_id,
@@ -333,15 +333,3 @@ def get_incident(session: Session, incident_id: int) -> Incident:
     if inc is None:
         raise NotFound(f"no incident {incident_id}")
     return inc
-
-
-def list_incidents(
-    session: Session, job: str | None, status: str | None, limit: int
-) -> list[dict[str, Any]]:
-    stmt = select(Incident)
-    if job is not None:
-        stmt = stmt.join(Job, Job.id == Incident.job_id).where(Job.name == job)
-    if status is not None:
-        stmt = stmt.where(Incident.status == status)
-    rows = session.scalars(stmt.order_by(Incident.created_at.desc()).limit(limit)).all()
-    return [incident_dict(session, i) for i in rows]

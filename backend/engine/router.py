@@ -4,15 +4,17 @@ recommendation (approve / reject, audited with the reason)."""
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, Field
 from sqlalchemy import event
 
+from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, Principal, ViewerDep
 from trainguard.backend.commands import service as commands
+from trainguard.backend.commands.schemas import IncidentOut
 from trainguard.backend.db import SessionDep
+from trainguard.backend.engine.schemas import Answer, EngineStatus
 from trainguard.backend.errors import Conflict
 from trainguard.backend.models import AuditLog, Incident
 
@@ -21,18 +23,19 @@ router = APIRouter()
 IncidentId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
-class Answer(BaseModel):
-    model_config = {"extra": "forbid"}
-    reason: str = Field(min_length=1, max_length=500)
-
-
-@router.get("/engine", tags=["engine"], summary="Decision engine: leader, policy, activity")
-def engine_status(request: Request, _: ViewerDep) -> dict[str, Any]:
+@router.get(
+    "/engine",
+    tags=["engine"],
+    summary="Decision engine: leader, policy, activity",
+    # The fields the engine reports, no nulls for those it does not (engine off).
+    response_model_exclude_unset=True,
+    responses=errors.responses(*errors.VIEWER),
+)
+def engine_status(request: Request, _: ViewerDep) -> EngineStatus:
     engine = getattr(request.app.state, "decision_engine", None)
     if engine is None:
-        return {"enabled": False, "leader": False, "detail": "TRAINGUARD_ENGINE_ENABLED is off"}
-    status: dict[str, Any] = engine.status()
-    return status
+        return EngineStatus(enabled=False, leader=False, detail="TRAINGUARD_ENGINE_ENABLED is off")
+    return EngineStatus.model_validate(engine.status())
 
 
 def _pending(session: SessionDep, incident_id: int) -> Incident:
@@ -50,11 +53,13 @@ def _pending(session: SessionDep, incident_id: int) -> Incident:
     tags=["incidents"],
     status_code=202,
     summary="Approve a dry-run recommendation: the engine carries it out (operator; audited)",
-    responses={404: {"description": "no such incident"}, 409: {"description": "not pending"}},
+    responses=errors.responses(
+        *errors.OPERATOR, 404, 409, 422, _404="no such incident", _409="not pending"
+    ),
 )
 def approve(
     incident_id: IncidentId, body: Answer, request: Request, session: SessionDep, who: OperatorDep
-) -> dict[str, Any]:
+) -> IncidentOut:
     inc = _pending(session, incident_id)
     now = _record_answer(session, inc, who, body.reason, "approval", "approve")
     inc.status = "open"
@@ -62,25 +67,27 @@ def approve(
     inc.outcome = f"approved by {who.name}"
     session.flush()
     _wake_engine(request, session)
-    return commands.incident_dict(session, inc)
+    return IncidentOut.model_validate(commands.incident_dict(session, inc))
 
 
 @router.post(
     "/incidents/{incident_id}/reject",
     tags=["incidents"],
     summary="Reject a dry-run recommendation (operator; audited)",
-    responses={404: {"description": "no such incident"}, 409: {"description": "not pending"}},
+    responses=errors.responses(
+        *errors.OPERATOR, 404, 409, 422, _404="no such incident", _409="not pending"
+    ),
 )
 def reject(
     incident_id: IncidentId, body: Answer, session: SessionDep, who: OperatorDep
-) -> dict[str, Any]:
+) -> IncidentOut:
     inc = _pending(session, incident_id)
     now = _record_answer(session, inc, who, body.reason, "rejection", "reject")
     inc.status = "rejected"
     inc.closed_at = now
     inc.outcome = f"rejected by {who.name}: {body.reason}"
     session.flush()
-    return commands.incident_dict(session, inc)
+    return IncidentOut.model_validate(commands.incident_dict(session, inc))
 
 
 def _record_answer(

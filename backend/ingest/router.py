@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import msgspec
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -19,6 +20,7 @@ from sqlalchemy import BigInteger, Integer
 from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trainguard.backend import errors
 from trainguard.backend.auth import authorize, check_node
 from trainguard.backend.ingest.writer import BatchRefused, DatabaseUnavailable
 from trainguard.backend.models import SAMPLE_READINGS, Sample
@@ -43,23 +45,54 @@ _INT32_READINGS = tuple(
 )
 
 
+def _batch_schema() -> dict[str, Any]:
+    """The wire schema with the bounds `_check_batch` adds (relative to the server's clock,
+    so they are words, not `minimum`/`maximum`)."""
+    schema = wire.json_schema(wire.Batch)
+    props = schema.get("properties", {})
+    window = (
+        f"within {_MAX_PAST_S / 86400:g} days before and {_MAX_FUTURE_S / 3600:g} h after "
+        "the server's clock"
+    )
+    if "sent_at" in props:
+        props["sent_at"]["description"] = f"Unix seconds, {window}"
+    if "seq" in props:
+        props["seq"]["maximum"] = _INT64
+    schema["description"] = (
+        f"Every timestamp (sent_at, samples[].ts, events[].ts, steps[].start/end, "
+        f"ranks[].last_heartbeat) must lie {window}; integers stored in 32-bit columns "
+        f"(steps[].step/attempt/iteration, ranks[].pid/attempt/iteration/last_step, "
+        f"{', '.join(f'samples[].{c}' for c in _INT32_READINGS)}) at most {_INT32}; "
+        "the body at most TRAINGUARD_MAX_BODY_BYTES."
+    )
+    return schema
+
+
 @router.post(
     "/ingest",
     summary="Store one agent batch (samples, events, steps, rank status)",
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": wire.json_schema(wire.Batch)}},
+            "content": {"application/json": {"schema": _batch_schema()}},
         }
     },
     responses={
-        200: {"description": "stored (or a duplicate of a stored batch)"},
-        400: {"description": "malformed JSON; nothing was stored"},
-        401: {"description": "missing, unknown or revoked token"},
-        403: {"description": "not an agent token, or bound to another node"},
-        413: {"description": "body too large"},
-        422: {"description": "invalid batch; nothing was stored; the message names the field"},
-        503: {"description": "database unavailable; retry"},
+        200: {
+            "description": "stored (or a duplicate of a stored batch)",
+            "content": {"application/json": {"schema": wire.json_schema(wire.IngestResult)}},
+        },
+        **errors.responses(
+            400,
+            401,
+            403,
+            413,
+            422,
+            503,
+            _400="malformed JSON; nothing was stored",
+            _403="not an agent token, or bound to another node",
+            _422="invalid batch; nothing was stored; the message names the field",
+        ),
     },
 )
 async def ingest(request: Request) -> Response:

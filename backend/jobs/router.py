@@ -3,38 +3,52 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import BaseModel, Field
 
+from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
 from trainguard.backend.commands import service as commands
+from trainguard.backend.commands.schemas import Incident
 from trainguard.backend.db import SessionDep
 from trainguard.backend.engine.queries import capabilities
 from trainguard.backend.jobs import service
+from trainguard.backend.jobs.schemas import Job, JobDetail, JobSteps, RestartRequest
 
 router = APIRouter(tags=["jobs"])
 
 JobName = Annotated[str, Path(max_length=128)]
 
 
-@router.get("/jobs", summary="Every job, most recently active first")
-def list_jobs(session: SessionDep, _: ViewerDep) -> list[dict[str, Any]]:
-    return service.list_jobs(session)
+@router.get(
+    "/jobs",
+    summary="Every job, most recently active first",
+    responses=errors.responses(*errors.VIEWER),
+)
+def list_jobs(session: SessionDep, _: ViewerDep) -> list[Job]:
+    return [Job.model_validate(j) for j in service.list_jobs(session)]
 
 
-@router.get("/jobs/{job}", summary="One job with its ranks and what it can carry out")
-def get_job(job: JobName, request: Request, session: SessionDep, _: ViewerDep) -> dict[str, Any]:
+@router.get(
+    "/jobs/{job}",
+    summary="One job with its ranks and what it can carry out",
+    responses=errors.responses(*errors.VIEWER, 404, 422, _404="unknown job"),
+)
+def get_job(job: JobName, request: Request, session: SessionDep, _: ViewerDep) -> JobDetail:
     j = service.get_job(session, job)
     out = service.job_dict(j)
     out["ranks"] = service.ranks(session, j)
     fresh = request.app.state.settings.node_down_after_s
     out["capabilities"] = capabilities(session, j.id, time.time() - fresh)
-    return out
+    return JobDetail.model_validate(out)
 
 
-@router.get("/jobs/{job}/steps", summary="Per-rank step timings, columnar, oldest first")
+@router.get(
+    "/jobs/{job}/steps",
+    summary="Per-rank step timings, columnar, oldest first",
+    responses=errors.responses(*errors.VIEWER, 404, 422, _404="unknown job"),
+)
 def job_steps(
     job: JobName,
     session: SessionDep,
@@ -42,28 +56,27 @@ def job_steps(
     since: Annotated[float | None, Query(ge=0)] = None,
     rank: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 5000,
-) -> dict[str, Any]:
-    return service.steps(session, service.get_job(session, job), since, rank, limit)
-
-
-class RestartRequest(BaseModel):
-    model_config = {"extra": "forbid"}
-    level: Literal["in_process", "launcher"]
-    reason: str = Field(min_length=1, max_length=500)
+) -> JobSteps:
+    steps = service.steps(session, service.get_job(session, job), since, rank, limit)
+    return JobSteps.model_validate(steps)
 
 
 @router.post(
     "/jobs/{job}/restarts",
     status_code=202,
     summary="Ask for a restart of a job (operator; audited)",
-    responses={
-        404: {"description": "unknown job"},
-        409: {"description": "no live ranks, or a level the job cannot carry out"},
-    },
+    responses=errors.responses(
+        *errors.OPERATOR,
+        404,
+        409,
+        422,
+        _404="unknown job",
+        _409="no live ranks, or a level the job cannot carry out",
+    ),
 )
 def restart_job(
     job: JobName, body: RestartRequest, request: Request, session: SessionDep, who: OperatorDep
-) -> dict[str, Any]:
+) -> Incident:
     j = service.get_job(session, job)
     incident = commands.manual_restart(
         session,
@@ -74,4 +87,4 @@ def restart_job(
         fresh_within_s=request.app.state.settings.node_down_after_s,
     )
     request.app.state.commands_notifier.notify()
-    return commands.incident_dict(session, incident)
+    return Incident.model_validate(commands.incident_dict(session, incident))

@@ -10,6 +10,7 @@ import msgspec
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
+from trainguard.backend import errors
 from trainguard.backend.auth import ViewerDep
 
 router = APIRouter(tags=["live"])
@@ -37,6 +38,10 @@ def parse_topics(
     "/stream",
     response_class=EventSourceResponse,
     summary="Live updates (SSE); ?topics=nodes,events,node:<name>; ?access_token= accepted",
+    description="Server-Sent Events: `hello` (the topics), then `nodes` (the node list, as "
+    "GET /nodes), `event`, `command`, `incident` (as GET /incidents/{id}), `samples` "
+    "(node:<name>) and `steps` (job:<name>), each `data` one JSON document.",
+    responses=errors.responses(*errors.VIEWER, 422, _422="invalid `topics` (or parameters)"),
 )
 async def stream(
     request: Request,
