@@ -9,20 +9,11 @@ from typing import Any, Literal
 
 import msgspec
 
+from trainguard.protocol.wire import TIMELINE
+
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 # The levels POST /jobs/{job}/restarts accepts (to exclude a node: cordon it, then restart).
 RestartLevel = Literal["in_process", "launcher"]
-
-# The incident timeline's marks, in the order they happen (../shared/DESIGN.md).
-TIMELINE = (
-    "fault_at",
-    "detected_at",
-    "decided_at",
-    "delivered_at",
-    "torn_down_at",
-    "restarted_at",
-    "resumed_at",
-)
 
 
 class ClientError(Exception):

@@ -186,6 +186,17 @@ class IngestResult(msgspec.Struct):
 
 Action = Literal["in_process", "launcher", "exclude_node", "stop_job"]
 Phase = Literal["delivered", "torn_down", "restarted", "resumed", "failed"]
+# An incident's timeline marks, in the order they happen (the API's `timeline`): the
+# backend stores them, its invariants check their order, the operator client prints them.
+TIMELINE = (
+    "fault_at",
+    "detected_at",
+    "decided_at",
+    "delivered_at",
+    "torn_down_at",
+    "restarted_at",
+    "resumed_at",
+)
 
 
 class Command(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

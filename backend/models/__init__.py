@@ -12,8 +12,9 @@ from trainguard.backend.models.cluster import (
     Sample,
     SampleRollup,
 )
-from trainguard.backend.models.control import TIMELINE, AuditLog, Command, CommandAck, Incident
+from trainguard.backend.models.control import AuditLog, Command, CommandAck, Incident
 from trainguard.backend.models.jobs import JOB_ENDED, JOB_STATES, Job, Rank, Step
+from trainguard.protocol.wire import TIMELINE  # the timeline is part of the API contract
 
 __all__ = [
     "JOB_ENDED",

@@ -10,17 +10,6 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from trainguard.backend.models.base import Base
 
-TIMELINE = (
-    "fault_at",
-    "detected_at",
-    "decided_at",
-    "delivered_at",
-    "torn_down_at",
-    "restarted_at",
-    "resumed_at",
-)
-
-
 # Incident status: open (being handled) | pending (a dry-run recommendation awaiting an
 # operator) | resolved | failed | rejected (an operator said no) | stopped (stop_job: the
 # engine gave up on the job and alerted).
