@@ -54,12 +54,23 @@ class Client:
     def incidents(
         self, job: str | None = None, status: str | None = None, limit: int | None = None
     ) -> list[Incident]:
-        """Incidents, newest first, of one job and in one status when given."""
-        params = {
-            k: v for k, v in (("job", job), ("status", status), ("limit", limit)) if v is not None
-        }
-        page = self._call("GET", "/incidents", list[Incident] | _Page, params=params)
-        return page.items if isinstance(page, _Page) else page
+        """Incidents, newest first, of one job and in one status when given (one page)."""
+        return self.incidents_page(job=job, status=status, limit=limit)[0]
+
+    def incidents_page(
+        self,
+        job: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+        node: str | None = None,
+        cursor: str | None = None,
+    ) -> tuple[list[Incident], str | None]:
+        """One page of incidents, newest first, and the cursor of the next (older) page,
+        None at the end (the server's X-Next-Cursor header)."""
+        pairs = (("job", job), ("status", status), ("limit", limit), ("node", node))
+        params = {k: v for k, v in (*pairs, ("cursor", cursor)) if v is not None}
+        response = self._send("GET", "/incidents", params=params)
+        return self._decode(response, list[Incident]), response.headers.get("X-Next-Cursor")
 
     def incident(self, incident_id: int) -> Incident:
         return self._call("GET", f"/incidents/{int(incident_id)}", Incident)
@@ -86,6 +97,9 @@ class Client:
     # -- plumbing ---------------------------------------------------------------------
 
     def _call(self, method: str, path: str, type_: Any, **kwargs: Any) -> Any:
+        return self._decode(self._send(method, path, **kwargs), type_)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TimeoutException:
@@ -94,18 +108,15 @@ class Client:
             raise ClientError(None, f"cannot reach {self.server}: {_reason(exc)}") from None
         if response.is_error:
             raise ClientError(response.status_code, _detail(response))
+        return response
+
+    def _decode(self, response: httpx.Response, type_: Any) -> Any:
         try:
             return msgspec.json.decode(response.content, type=type_)
         except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
             raise ClientError(
                 None, f"{self.server} answered something that is not the trainguard API: {exc}"
             ) from None
-
-
-class _Page(msgspec.Struct):
-    """A paginated list (`{"items": [...], ...}`), for servers that page incidents."""
-
-    items: list[Incident]
 
 
 def _seg(name: str) -> str:

@@ -83,14 +83,22 @@ def restart(
 def incidents(
     job: Annotated[str | None, typer.Option(help="only this job's")] = None,
     status: Annotated[Status | None, typer.Option(help="only in this status")] = None,
+    node: Annotated[str | None, typer.Option(help="only those whose fault is on this node")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="at most this many")] = 100,
+    cursor: Annotated[
+        str | None, typer.Option(help="the page after the one that printed this cursor")
+    ] = None,
     server: Server = DEFAULT_SERVER,
     token: Token = None,
     as_json: Json = False,
 ) -> None:
-    """Incidents, newest first."""
-    items = call(server, token, lambda c: c.incidents(job, status, limit))
+    """Incidents, newest first, a page at a time (older ones: --cursor, printed on stderr)."""
+    items, older = call(
+        server, token, lambda c: c.incidents_page(job, status, limit, node=node, cursor=cursor)
+    )
     show(items, as_json, render.incidents(items))
+    if older is not None:
+        typer.echo(f"older incidents: --cursor {older}", err=True)
 
 
 def incident(

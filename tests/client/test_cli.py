@@ -106,6 +106,15 @@ def test_incidents_lists_newest_first_and_filters_by_job_and_status(server: Serv
         "no incidents\n"
     )
 
+    # A page at a time: the next page's cursor on stderr, and every incident once.
+    first = server.cli("incidents", "--limit", "1", "--json")
+    [older] = [line for line in first.stderr.splitlines() if line.startswith("older incidents")]
+    cursor = older.removeprefix("older incidents: --cursor ")
+    second = _json(server.cli("incidents", "--limit", "1", "--cursor", cursor, "--json"))
+    assert [i["id"] for i in _json(first) + second] == listed[:2]  # type: ignore[operator]  # lists
+    bad = server.cli("incidents", "--cursor", "not-a-cursor")
+    assert "cursor" in _one_line_error(bad)
+
 
 def test_cordon_and_uncordon_change_the_nodes_state(server: Server) -> None:
     server.feed(JobSeed("cli-cordon", ["cli-cordon-node"], steps=2))
