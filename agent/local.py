@@ -128,14 +128,12 @@ class LocalServer:
         self,
         agent: Any,
         socket_path: str | None = None,
-        check_interval: float = 0.1,
-        hang_factor: float = 10.0,
-        hang_min_s: float = 2.0,
-        hang_first_step_s: float = 120.0,
-        heartbeat_timeout_s: float = 10.0,
-        keep_exited_s: float = 60.0,
         reject_log_s: float = 60.0,
+        **liveness: float,
     ) -> None:
+        """`liveness`: the watch's intervals and thresholds (check_interval, hang_factor,
+        hang_min_s, hang_first_step_s, heartbeat_timeout_s, keep_exited_s), with their
+        defaults in `Liveness`."""
         self.agent = agent
         cfg = getattr(agent, "config", None)
         configured = socket_path or getattr(cfg, "socket_path", None)
@@ -145,15 +143,7 @@ class LocalServer:
         # writable by all, whatever the agent's umask; its folder decides who reaches it.
         self.shared_socket = self.socket_path == socket_candidates()[0]
         self.table = RankTable(agent.outbox)
-        self.liveness = Liveness(
-            self.table,
-            check_interval=check_interval,
-            hang_factor=hang_factor,
-            hang_min_s=hang_min_s,
-            hang_first_step_s=hang_first_step_s,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            keep_exited_s=keep_exited_s,
-        )
+        self.liveness = Liveness(self.table, **liveness)
         self.rejects = RejectLog(reject_log_s)
         self.unknown_senders = 0  # messages from an address no identity message came from
         self.wakeups = 0  # times the loop woke up (datagrams, exits, deadlines, stop)
