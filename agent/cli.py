@@ -16,7 +16,7 @@ import os
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, NoReturn, TypedDict
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -34,18 +34,6 @@ app = typer.Typer(
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"trainguard: {message}", err=True)
     raise typer.Exit(code)
-
-
-class _AgentOptions(TypedDict, total=False):
-    """The `trainguard agent` options given on the command line, as AgentConfig fields."""
-
-    server: str
-    token: str
-    node: str
-    simulate: int
-    interval: float
-    metrics_port: int
-    socket_path: Path
 
 
 @app.command()
@@ -81,21 +69,16 @@ def agent(
     from trainguard.agent.daemon import main as agent_main
 
     # Only the options given: the others come from TRAINGUARD_AGENT_* or the config file.
-    given: _AgentOptions = {}
-    if server is not None:
-        given["server"] = server
-    if token is not None:
-        given["token"] = token
-    if node is not None:
-        given["node"] = node
-    if simulate is not None:
-        given["simulate"] = simulate
-    if interval is not None:
-        given["interval"] = interval
-    if metrics_port is not None:
-        given["metrics_port"] = metrics_port
-    if socket is not None:
-        given["socket_path"] = socket
+    options = {
+        "server": server,
+        "token": token,
+        "node": node,
+        "simulate": simulate,
+        "interval": interval,
+        "metrics_port": metrics_port,
+        "socket_path": socket,
+    }
+    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     try:
         cfg = AgentConfig(**given)
     except ValidationError as exc:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -64,24 +64,14 @@ def _token(ctx: typer.Context) -> None:
     need_server_extra(ctx.info_name or "token")
 
 
-class _SettingsOptions(TypedDict, total=False):
-    """The database options given on the command line, as Settings fields."""
-
-    database_url: str
-    data_dir: Path
-
-
 def _settings(database_url: str | None, data_dir: Path | None) -> Settings:
     """Settings from TRAINGUARD_* with the options given (None: not given) over them."""
     from pydantic import ValidationError
 
     from trainguard.backend.settings import Settings
 
-    given: _SettingsOptions = {}
-    if database_url is not None:
-        given["database_url"] = database_url
-    if data_dir is not None:
-        given["data_dir"] = data_dir
+    options = {"database_url": database_url, "data_dir": data_dir}
+    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     try:
         return Settings(**given)
     except ValidationError as exc:
