@@ -1,8 +1,12 @@
-"""Helpers for tests: free ports, waiting on conditions, the test token."""
+"""Helpers for tests: free ports, waiting on conditions, stopping a process session, the
+test token."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,3 +31,15 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, every: float = 0.1)
             return last
         time.sleep(every)
     raise AssertionError(f"condition not met within {timeout} s (last value: {last!r})")
+
+
+def stop_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process's session (start_new_session=True), SIGKILL if it is still
+    there after 20 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)

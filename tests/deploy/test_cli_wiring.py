@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from tests.support import TOKEN, free_port, wait_for
+from tests.support import TOKEN, free_port, stop_session, wait_for
 from trainguard.agent.cli import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -39,16 +38,6 @@ def _start(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
         stderr=log.open("wb"),
         start_new_session=True,
     )
-
-
-def _stop(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
 
 
 @pytest.fixture
@@ -75,7 +64,7 @@ def json_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         wait_for(ready, 60, 0.1)
         yield url, log
     finally:
-        _stop(p)
+        stop_session(p)
 
 
 def test_server_logs_json_and_the_agent_serves_metrics(
@@ -112,6 +101,6 @@ def test_server_logs_json_and_the_agent_serves_metrics(
         nodes = httpx.get(f"{url}/api/v1/nodes", headers={"Authorization": f"Bearer {TOKEN}"})
         assert [n["name"] for n in nodes.json()] == ["n1"]
     finally:
-        _stop(agent)
+        stop_session(agent)
     records = [json.loads(line) for line in server_log.read_text().splitlines() if line.strip()]
     assert any(r["logger"] == "uvicorn.access" and r["path"] == "/api/v1/ingest" for r in records)

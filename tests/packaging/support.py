@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import httpx
+
+from tests.support import free_port, stop_session, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # pyproject.toml's package-dir, most specific folder first.
@@ -113,25 +116,10 @@ def make_venv(where: Path, requirement: str) -> Path:
     return where / "bin"
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the process's session, SIGKILL if it is still there after 20 s."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-
-
 @contextlib.contextmanager
 def serve(argv: Sequence[str | Path], cwd: Path, env: dict[str, str], log: Path) -> Iterator[str]:
     """`trainguard server ... --port P` (argv without the port) on a free loopback port,
     ready (GET /readyz 200) before the block runs, stopped after it: its URL."""
-    import httpx  # the dev venv has it; the helpers above need nothing beyond stdlib
-
-    from tests.support import free_port, wait_for
-
     port = free_port()
     proc = subprocess.Popen(
         [*map(str, argv), "--port", str(port)],
@@ -154,4 +142,4 @@ def serve(argv: Sequence[str | Path], cwd: Path, env: dict[str, str], log: Path)
         wait_for(ready, 120, 0.2)
         yield url
     finally:
-        stop(proc)
+        stop_session(proc)

@@ -19,9 +19,8 @@ from tests.packaging.support import (
     outside_env,
     run,
     serve,
-    stop,
 )
-from tests.support import AUTH, TOKEN, wait_for
+from tests.support import AUTH, TOKEN, stop_session, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a venv on a 2-core machine
 
@@ -124,5 +123,5 @@ def test_the_agent_of_an_agent_install_delivers_to_a_server(
     try:
         assert wait_for(listed, 90, 0.3) == ["agent-only-1"]
     finally:
-        stop(agent)
+        stop_session(agent)
     assert agent.returncode == 0, log.read_text()[-3000:]

@@ -27,9 +27,8 @@ from tests.packaging.support import (
     run,
     serve,
     shipped_files,
-    stop,
 )
-from tests.support import AUTH, TOKEN, free_port, wait_for
+from tests.support import AUTH, TOKEN, free_port, stop_session, wait_for
 
 # An ES module's static and dynamic imports of other files of the UI.
 _IMPORTS = re.compile(r"""(?:\bfrom\s*|\bimport\s*\(?\s*)["']((?:\.{1,2}/|/)[^"']+\.js)["']""")
@@ -182,6 +181,6 @@ def test_a_server_install_migrates_serves_the_dashboard_and_ships_the_demo_job(
         time.sleep(5)  # the store host used to fail within 2 s and stop the demo
         assert demo_proc.poll() is None, out.read_text()
     finally:
-        stop(demo_proc)
+        stop_session(demo_proc)
     assert demo_proc.returncode is not None
     assert "a process exited" not in out.read_text(), out.read_text()
