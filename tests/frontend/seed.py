@@ -90,19 +90,19 @@ class JobSeed:
                 }
                 for rank in ranks
             ]
-            self._seq[node] = self._seq.get(node, 0) + 1
-            out.append(
-                {
-                    "node": node,
-                    "agent_id": self._agents.setdefault(node, agent_id()),
-                    "seq": self._seq[node],
-                    "sent_at": now,
-                    "simulated": True,
-                    "steps": steps,
-                    "ranks": status,
-                }
-            )
+            out.append({**self._envelope(node, now), "steps": steps, "ranks": status})
         return out
+
+    def _envelope(self, node: str, now: float) -> dict[str, Any]:
+        """A batch's header from `node`'s agent: its id and next sequence number."""
+        self._seq[node] = self._seq.get(node, 0) + 1
+        return {
+            "node": node,
+            "agent_id": self._agents.setdefault(node, agent_id()),
+            "seq": self._seq[node],
+            "sent_at": now,
+            "simulated": True,
+        }
 
     def _declared(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -120,14 +120,9 @@ class JobSeed:
         out = []
         for n, node in enumerate(self.nodes):
             ranks = range(n * self.ranks_per_node, (n + 1) * self.ranks_per_node)
-            self._seq[node] = self._seq.get(node, 0) + 1
             out.append(
                 {
-                    "node": node,
-                    "agent_id": self._agents.setdefault(node, agent_id()),
-                    "seq": self._seq[node],
-                    "sent_at": now,
-                    "simulated": True,
+                    **self._envelope(node, now),
                     "events": [
                         {
                             "kind": "rank_exit",
