@@ -33,6 +33,7 @@ from trainguard.backend.commands.router import router as commands_router
 from trainguard.backend.engine.engine import DecisionEngine
 from trainguard.backend.engine.policy import load_policy
 from trainguard.backend.engine.router import router as engine_router
+from trainguard.backend.incidents.router import router as incidents_router
 from trainguard.backend.ingest.router import IngestFastPath
 from trainguard.backend.ingest.router import router as ingest_router
 from trainguard.backend.ingest.writer import IngestWriter, Stored
@@ -284,6 +285,7 @@ def create_app(settings: Settings) -> FastAPI:
     api.include_router(cluster_router)
     api.include_router(jobs_router)
     api.include_router(commands_router)
+    api.include_router(incidents_router)
     api.include_router(engine_router)
     api.include_router(live_router)
     api.include_router(analytics_router)

@@ -1,4 +1,4 @@
-"""The agents' command channel (long-poll + phase acks) and the incident reads."""
+"""The agents' command channel: long-poll for a node's commands, phase acks."""
 
 from __future__ import annotations
 
@@ -8,20 +8,16 @@ from typing import Annotated, Any
 import msgspec
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import AfterValidator
 
 from trainguard.backend import errors
-from trainguard.backend.auth import AgentDep, ViewerDep, check_node
-from trainguard.backend.commands import listing, service
-from trainguard.backend.commands.schemas import AckResult, IncidentOut
-from trainguard.backend.db import SessionDep
-from trainguard.backend.engine.policy import ActionName
+from trainguard.backend.auth import AgentDep, check_node
+from trainguard.backend.commands import service
+from trainguard.backend.commands.schemas import AckResult
+from trainguard.backend.incidents import publish
 from trainguard.backend.models import Command, Incident
 from trainguard.protocol import wire
 
 router = APIRouter()
-
-IncidentId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 _POLL_DB_EVERY_S = 0.5
 _ack_decoder = msgspec.json.Decoder(wire.Ack)
@@ -73,7 +69,15 @@ async def poll_commands(
         }
     },
     responses=errors.responses(
-        *errors.AGENT, 400, 422, _400="malformed JSON", _422="invalid ack; nothing was stored"
+        *errors.AGENT,
+        400,
+        404,
+        409,
+        422,
+        _400="malformed JSON",
+        _404="unknown command",
+        _409="the command is addressed to another node",
+        _422="invalid ack; nothing was stored",
     ),
 )
 async def ack_command(
@@ -90,104 +94,28 @@ async def ack_command(
         raise HTTPException(400, f"malformed JSON: {exc}") from None
     check_node(principal, ack.node)
 
-    def store() -> tuple[bool, str | None, dict[str, Any] | None]:
-        with request.app.state.sessions() as session:
+    app = request.app
+
+    def store() -> bool:
+        with app.state.sessions() as session:
             with session.begin():
                 cmd = session.get(Command, command_id)
                 inc = session.get(Incident, cmd.incident_id) if cmd and cmd.incident_id else None
                 before = inc.status if inc else None
                 fresh = service.record_ack(session, command_id, ack)
-            after = service.incident_dict(session, inc) if inc is not None else None
-            return fresh, before, after
+            changed = publish.take(session)
+        app.state.bus.publish(
+            "events", "command", {"command_id": command_id, "phase": ack.phase, "node": ack.node}
+        )
+        alerts = getattr(app.state, "alerts", None)
 
-    fresh, before, incident = await run_in_threadpool(store)
-    request.app.state.bus.publish(
-        "events", "command", {"command_id": command_id, "phase": ack.phase, "node": ack.node}
-    )
-    alerts = getattr(request.app.state, "alerts", None)
-    if alerts is not None and incident is not None and incident["status"] != before:
-        # resolved / failed happen here, on whichever replica took the ack.
-        alerts.incident_changed(before, incident)
+        def alert(incident: dict[str, Any]) -> None:
+            if alerts is not None and incident["status"] != before:
+                # resolved / failed happen here, on whichever replica took the ack.
+                alerts.incident_changed(before, incident)
+
+        publish.publish(app.state.sessions, app.state.bus, changed, alert)
+        return fresh
+
+    fresh = await run_in_threadpool(store)
     return AckResult(ok=True, duplicate=not fresh)
-
-
-def _check_cursor(token: str | None) -> str | None:
-    if token is not None:
-        listing.Cursor.decode(token)  # a ValueError answers 422 naming `cursor`
-    return token
-
-
-_PAGE_HEADERS = {
-    "Link": {
-        "description": 'RFC 8288 links to the adjacent pages: rel="next" (older incidents), '
-        'rel="prev" (newer ones); each absent at that end of the list',
-        "schema": {"type": "string"},
-    },
-    "X-Next-Cursor": {
-        "description": "`cursor` of the next (older) page; absent on the last page",
-        "schema": {"type": "string"},
-    },
-    "X-Prev-Cursor": {
-        "description": "`cursor` of the previous (newer) page; absent on the first page",
-        "schema": {"type": "string"},
-    },
-}
-
-
-@router.get(
-    "/incidents",
-    tags=["incidents"],
-    summary="Incidents, newest first, a page at a time",
-    description="Keyset pages by id: rows inserted while a client pages appear on the "
-    "first page only. The adjacent pages are in the Link and X-Next-Cursor / "
-    "X-Prev-Cursor headers; the body stays a plain list.",
-    responses={
-        200: {"headers": _PAGE_HEADERS},
-        **errors.responses(*errors.VIEWER, 422),
-    },
-)
-def list_incidents(
-    request: Request,
-    response: Response,
-    session: SessionDep,
-    _: ViewerDep,
-    job: Annotated[str | None, Query(max_length=128, description="job name")] = None,
-    node: Annotated[str | None, Query(max_length=128, description="the fault's node")] = None,
-    status: listing.IncidentStatus | None = None,
-    level: Annotated[ActionName | None, Query(description="the action taken")] = None,
-    since: Annotated[float | None, Query(ge=0, description="created at or after (unix s)")] = None,
-    cursor: Annotated[
-        str | None,
-        Query(max_length=64, description="from X-Next-Cursor / X-Prev-Cursor"),
-        AfterValidator(_check_cursor),
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> list[IncidentOut]:
-    filters = listing.IncidentFilters(job, node, status, level, since)
-    page = listing.list_incidents(
-        session, filters, listing.Cursor.decode(cursor) if cursor else None, limit
-    )
-    links = []
-    for rel, header, at in (
-        ("next", "X-Next-Cursor", page.older),
-        ("prev", "X-Prev-Cursor", page.newer),
-    ):
-        if at is not None:
-            token = at.encode()
-            response.headers[header] = token
-            # A relative reference (the query only): right behind any proxy or path prefix.
-            links.append(f'<?{request.url.include_query_params(cursor=token).query}>; rel="{rel}"')
-    if links:
-        response.headers["Link"] = ", ".join(links)
-    return [IncidentOut.model_validate(inc) for inc in page.items]
-
-
-@router.get(
-    "/incidents/{incident_id}",
-    tags=["incidents"],
-    summary="One incident's timeline",
-    responses=errors.responses(*errors.VIEWER, 404, 422, _404="no such incident"),
-)
-def get_incident(incident_id: IncidentId, session: SessionDep, _: ViewerDep) -> IncidentOut:
-    inc = service.incident_dict(session, service.get_incident(session, incident_id))
-    return IncidentOut.model_validate(inc)

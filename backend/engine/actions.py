@@ -1,16 +1,16 @@
 """Carrying out decisions: command rows for the agents, cordon and hooks, giving up.
 
 `Actions` holds what one engine transaction needs (policy, clock, scratch: the hooks it
-made due, the incidents it touched, counters kept until the commit); `Decider` (decide.py)
-builds on it. Hooks take seconds and must not hold a transaction: an action that needs
-one records it as due (`hooks_due`); the engine runs it after the commit and continues
-with `after_hook` in a later transaction.
+made due, the commands it issued, counters kept until the commit); `Decider` (decide.py)
+builds on it. Incidents change, and commands are made, only through incidents.service.
+Hooks take seconds and must not hold a transaction: an action that needs one records it
+as due (`hooks_due`); the engine runs it after the commit and continues with
+`after_hook` in a later transaction.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +23,8 @@ from trainguard.backend.cluster import cordons
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.hooks import HookResult
 from trainguard.backend.engine.policy import Policy
-from trainguard.backend.models import JOB_ENDED, AuditLog, Command, Gpu, Incident, Job, Node
+from trainguard.backend.incidents import service as incidents
+from trainguard.backend.models import JOB_ENDED, AuditLog, Gpu, Incident, Job, Node
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,6 @@ class Actions:
 
     def begin(self) -> None:
         self.hooks_due: list[HookJob] = []
-        self.touched: set[int] = set()
         self.commands = 0
         self._tx: Counter[str] = Counter()
 
@@ -114,22 +114,10 @@ class Actions:
             "mode": mode,
             "restart": restart,
         }
-        self.touched.add(inc.id)
         self._count("decisions")
-        inc.decided_at = inc.decided_at or now
-        inc.not_before = None
-        if restart:
-            inc.acted_at = now
-            # A new action: the progress of a superseded one no longer counts.
-            inc.torn_down_at = inc.restarted_at = inc.resumed_at = None
-            inc.status = "open"
-            inc.outcome = ""
-            inc.closed_at = None
+        incidents.take_action(session, inc, now, restart)
         if level == "stop_job":
-            inc.level = "stop_job"
-            inc.status = "stopped"
-            inc.closed_at = now
-            inc.outcome = f"stopped: {why}; no more automatic restarts, an operator must act"
+            incidents.stop(session, inc, now, why)
             session.add(
                 AuditLog(
                     ts=now,
@@ -143,16 +131,16 @@ class Actions:
             set_job_state(job, "stopped", now, f"incident {inc.id}: {why}")
             self._count("stopped")
         elif level == "reset_gpu":
-            inc.level = "launcher"
+            incidents.set_level(session, inc, "launcher")
             hook = self.policy.model.hooks.gpu_reset
             entry["hook"] = "gpu_reset"
             self._due(session, inc, job, "gpu_reset", hook, frozenset())
         elif level == "exclude_node":
             self._exclude(session, inc, job, why, by, mode, entry)
         else:
-            inc.level = level
+            incidents.set_level(session, inc, level)
             self.issue(session, inc, job, level, frozenset())
-        inc.decisions = [*inc.decisions, entry]
+        incidents.add_decision(session, inc, entry)
 
     def _exclude(
         self,
@@ -167,11 +155,11 @@ class Actions:
         """Cordon the node of the incident's hardware evidence, then a launcher restart
         without it. Automatic cordons pass the breaker first; past its cap the exclusion
         waits for an operator (pending). Without such evidence no node is cordoned."""
-        inc.level = "exclude_node"
+        incidents.set_level(session, inc, "exclude_node")
         node_id = q.culprit_node(session, inc)
         if node_id is None:
             entry["why"] = f"{why}; no evidence against a node's hardware: launcher restart"
-            inc.level = "launcher"
+            incidents.set_level(session, inc, "launcher")
             self.issue(session, inc, job, "launcher", frozenset())
             return
         node = session.get(Node, node_id, with_for_update=True, populate_existing=True)
@@ -197,17 +185,13 @@ class Actions:
         if used < cap:
             return False
         now = self.clock()
-        inc.level = "exclude_node"
-        inc.status = "pending"
-        inc.decided_at = inc.decided_at or now
-        inc.not_before = None
         window = self.policy.model.breaker.window_s
-        inc.outcome = (
+        incidents.hold(
+            session,
+            inc,
+            now,
             f"exclusion of {node.name} waits for an operator: {used} automatic cordons "
-            f"within {window:g} s reach the breaker's cap of {cap} (approve or reject)"
-        )
-        inc.decisions = [
-            *inc.decisions,
+            f"within {window:g} s reach the breaker's cap of {cap} (approve or reject)",
             {
                 "at": now,
                 "level": "exclude_node",
@@ -217,8 +201,7 @@ class Actions:
                 "node": node.name,
                 "restart": False,
             },
-        ]
-        self.touched.add(inc.id)
+        )
         log.warning("ALERT incident %d: %s", inc.id, inc.outcome)
         self._count("breaker_held")
         return True
@@ -232,8 +215,8 @@ class Actions:
     def issue(
         self, session: Session, inc: Incident, job: Job, action: str, exclude: frozenset[int]
     ) -> int:
-        """Command rows for the agents of the nodes hosting the job (durable: an agent
-        gets them when it next polls, after any reconnect)."""
+        """Commands for the agents of the nodes hosting the job, the excluded nodes left
+        out; how many (0: the incident waits for capacity or for a new generation)."""
         now = max(self.clock(), inc.acted_at or 0.0)  # never before the action they carry
         targets = q.job_nodes(session, job.id, now - self.fresh_within_s, exclude)
         if not targets and exclude:
@@ -245,41 +228,29 @@ class Actions:
             # No rank reported lately anywhere: the job's launcher is between generations
             # (or gave up). Wait for its new generation; the sweep resolves or ends it.
             wait = self.policy.model.escalation.relaunch_wait_s
-            inc.not_before = now + wait
-            inc.outcome = f"{NO_RANK}: waiting up to {wait:g} s for its launcher's new generation"
+            incidents.wait(
+                session,
+                inc,
+                now + wait,
+                f"{NO_RANK}: waiting up to {wait:g} s for its launcher's new generation",
+            )
             self._count("nothing_to_restart")
             return 0
         reason = f"incident {inc.id}: {inc.cause} -> {inc.level}"
-        for node_id, ranks in sorted(targets.items()):
-            session.add(
-                Command(
-                    id=uuid.uuid4().hex,
-                    incident_id=inc.id,
-                    job_id=job.id,
-                    node_id=node_id,
-                    action=action,
-                    reason=reason[:256],
-                    params={
-                        "ranks": ",".join(map(str, ranks)),
-                        "cause": inc.cause[:64],
-                        "fault_at": inc.fault_at,
-                        "attempt": inc.fault_attempt,
-                        "iteration": inc.fault_iteration,
-                    },
-                    issued_at=now,
-                )
-            )
-        self.commands += len(targets)
-        self._count("commands", len(targets))
-        return len(targets)
+        n = incidents.issue_commands(session, inc, action, targets, now, reason, fault=True)
+        self.commands += n
+        self._count("commands", n)
+        return n
 
     def _wait_for_capacity(
         self, session: Session, inc: Incident, job: Job, exclude: frozenset[int]
     ) -> None:
         names = sorted(n.name for n in (session.get(Node, i) for i in exclude) if n)
-        inc.outcome = (
+        incidents.note(
+            session,
+            inc,
             f"{WAITING} is left for the job ({', '.join(names)} "
-            "cordoned); it restarts when a node is readmitted"
+            "cordoned); it restarts when a node is readmitted",
         )
         if job.state != "waiting":
             set_job_state(job, "waiting", self.clock(), inc.outcome)
@@ -339,8 +310,7 @@ class Actions:
         inc = session.get(Incident, job_.incident_id, with_for_update=True, populate_existing=True)
         if inc is None:
             return
-        inc.hooks = [*inc.hooks, result.record()]
-        self.touched.add(inc.id)
+        incidents.add_hook_result(session, inc, result.record())
         self._count(f"hook_{job_.hook}_{'ok' if result.ok else 'failed'}")
         if inc.status != "open" or inc.acted_at != job_.acted_at:
             return  # superseded by a later decision
@@ -348,7 +318,7 @@ class Actions:
         if job is None:
             return
         if job_.hook == "gpu_reset" and not result.ok:
-            inc.escalations += 1
+            incidents.escalate(session, inc)
             self.act(
                 session,
                 inc,

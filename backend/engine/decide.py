@@ -2,9 +2,9 @@
 level to act at (policy, escalation ladder, budget) -> recommend (dry run), wait
 (cooldown) or act (actions.py).
 
-Everything here runs inside one transaction of the engine (the leader). Statistics and
-the set of incidents touched are kept per transaction and published by the engine only
-once it committed.
+Everything here runs inside one transaction of the engine (the leader). The incidents
+change only through incidents.service; statistics are kept per transaction, and the
+engine publishes the changed incidents once it committed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, Actions
 from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence, Verdict, classify, describe
 from trainguard.backend.engine.policy import LADDER, next_level, rung
+from trainguard.backend.incidents import service as incidents
 from trainguard.backend.models import Incident, Job
 from trainguard.backend.models.control import ACTIVE_STATUSES, IncidentEvidence
 
@@ -134,22 +135,15 @@ class Decider(Actions):
         detail = describe(ev)
         if not primary and ev.event_id is not None:
             detail = f"{detail} (event {ev.event_id}, shared with other jobs on the node)"
-        session.add(
-            IncidentEvidence(
-                incident_id=inc.id,
-                event_id=ev.event_id if primary else None,
-                kind=ev.kind,
-                cause=verdict.cause,
-                action=action,
-                node_id=ev.node_id,
-                rank=ev.rank,
-                xid=ev.xid,
-                ts=ev.ts,
-                received_at=ev.received_at,
-                detail=detail[:2000],
-            )
+        incidents.add_evidence(
+            session,
+            inc,
+            ev,
+            cause=verdict.cause,
+            action=action,
+            detail=detail,
+            event_id=ev.event_id if primary else None,
         )
-        self.touched.add(inc.id)
 
     def _open(
         self,
@@ -163,33 +157,25 @@ class Decider(Actions):
     ) -> None:
         now = self.clock()
         fault_step = verdict.step if verdict.step is not None else job.last_step
-        inc = Incident(
-            job_id=job.id,
-            created_at=now,
+        ckpt = q.last_checkpoint_step(session, job.name, ev.ts, fault_step)
+        lost = max(0, fault_step - ckpt) if ckpt is not None and fault_step is not None else None
+        inc = incidents.open_incident(
+            session,
+            job,
+            now=now,
             trigger="auto",
             triggered_by=ENGINE_ACTOR,
             cause=verdict.cause,
             level=action,
-            reason=f"{verdict.cause}: {describe(ev)}"[:2000],
-            status="open",
-            outcome="",
-            fault_step=fault_step,
+            reason=f"{verdict.cause}: {describe(ev)}",
             fault_at=ev.ts,
             detected_at=ev.received_at,
+            fault_step=fault_step,
+            lost_steps=lost,
             node_id=ev.node_id,
             gpu_uuid=ev.gpu_uuid,
             xid=ev.xid,
-            fault_attempt=job.attempt,
-            fault_iteration=job.iteration,
-            escalations=0,
-            decisions=[],
-            hooks=[],
         )
-        ckpt = q.last_checkpoint_step(session, job.name, ev.ts, fault_step)
-        if ckpt is not None and fault_step is not None:
-            inc.lost_steps = max(0, fault_step - ckpt)
-        session.add(inc)
-        session.flush()
         self._count("incidents")
         self._record(session, inc, ev, verdict, action, primary)
         self.decide(session, inc, job, action, why, in_episode=False)
@@ -215,10 +201,10 @@ class Decider(Actions):
             return  # same fault, or a consequence of the action already under way
         note = f"stronger evidence: {verdict.cause} on {ev.node or '?'} ({why})"
         if inc.acted_at is None and inc.status == "open":
-            inc.level = effective  # still waiting for its cooldown: acts at the new level
-            inc.reason = inc.reason if note in inc.reason else f"{inc.reason} [{note}]"[:2000]
+            # Still waiting for its cooldown: acts at the new level.
+            incidents.raise_level(session, inc, effective, note)
             return
-        inc.escalations += 1
+        incidents.escalate(session, inc)
         self.decide(session, inc, job, effective, note, in_episode=True)
 
     # --- deciding ---------------------------------------------------------------------
@@ -278,16 +264,18 @@ class Decider(Actions):
         if first is None:
             return False
         now = self.clock()
-        inc.resumed_at = first.end
-        inc.not_before = None
-        inc.status = "resolved"
-        inc.closed_at = now
-        inc.outcome = (
+        incidents.resolve(
+            session,
+            inc,
+            now,
             "recovered by itself (NVRx's Wrapper or the job's launcher restarted it) "
-            "before trainguard acted; no command sent"
+            "before trainguard acted; no command sent",
+            resumed_at=first.end,
+            resumed_step=first.step,
         )
-        inc.decisions = [
-            *inc.decisions,
+        incidents.add_decision(
+            session,
+            inc,
             {
                 "at": now,
                 "level": "none",
@@ -296,10 +284,7 @@ class Decider(Actions):
                 "mode": "observed",
                 "restart": False,
             },
-        ]
-        if inc.lost_steps is None and inc.fault_step is not None:
-            inc.lost_steps = max(0, inc.fault_step - first.step + 1)
-        self.touched.add(inc.id)
+        )
         self._count("recovered_itself")
         return True
 
@@ -318,24 +303,21 @@ class Decider(Actions):
             return
         level, notes = self.plan(session, inc, job, base, now)
         why = "; ".join([why, *notes])
-        inc.level = level
-        self.touched.add(inc.id)
+        incidents.set_level(session, inc, level)
         if self.policy.dry_run:
-            inc.status = "pending"
-            inc.decided_at = inc.decided_at or now
-            inc.outcome = f"recommended {level}: awaiting an operator's approval"
-            inc.decisions = [
-                *inc.decisions,
-                {"at": now, "level": level, "why": why, "by": ENGINE_ACTOR, "mode": "dry_run"},
-            ]
+            incidents.recommend(session, inc, why, now, by=ENGINE_ACTOR)
             self._count("recommended")
             return
         cooldown = self.policy.model.limits.cooldown_s
         last = q.last_action_at(session, job.id)
         if not in_episode and last is not None and now < last + cooldown and level != "stop_job":
-            inc.not_before = last + cooldown
-            inc.outcome = f"waiting for the job's cooldown ({cooldown:g} s after the last action)"
-            inc.reason = inc.reason if why in inc.reason else f"{inc.reason} [{why}]"[:2000]
+            incidents.defer(
+                session,
+                inc,
+                last + cooldown,
+                why,
+                f"waiting for the job's cooldown ({cooldown:g} s after the last action)",
+            )
             self._count("deferred")
             return
         self.act(session, inc, job, level, why, by=ENGINE_ACTOR, mode="auto")

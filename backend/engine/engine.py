@@ -13,7 +13,6 @@ replicas leave temporary holes in the id sequence: the ids of a hole are read ag
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -28,7 +27,6 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from trainguard.backend.commands.service import get_incident, incident_dict
 from trainguard.backend.engine import lifecycle, sweep
 from trainguard.backend.engine.actions import HookJob
 from trainguard.backend.engine.decide import Decider
@@ -36,6 +34,7 @@ from trainguard.backend.engine.evidence import EVIDENCE_KINDS, Evidence
 from trainguard.backend.engine.hooks import HookResult, run_hook
 from trainguard.backend.engine.leader import AdvisoryLockLeadership, Leadership, leadership_for
 from trainguard.backend.engine.policy import Policy
+from trainguard.backend.incidents import publish
 from trainguard.backend.models import Event, Node
 from trainguard.backend.models.control import EngineState
 
@@ -172,25 +171,29 @@ class DecisionEngine:
 
     def _tx(self, fn: Callable[[Session], T]) -> T:
         """One transaction of decisions; after its commit: wake agents' long-polls, run
-        the hooks it made due, publish the incidents it touched."""
+        the hooks it made due, publish the incidents it changed."""
         d = self.decider
         d.begin()
         try:
-            with self.sessions() as s, s.begin():
-                out = fn(s)
+            with self.sessions() as s:
+                with s.begin():
+                    out = fn(s)
+                changed = publish.take(s)
         except Exception:
             d.begin()
             raise
         with self._stats_lock:
             d.committed()
-        hooks, touched, commands = d.hooks_due, d.touched, d.commands
+        hooks, commands = d.hooks_due, d.commands
         d.begin()
         if commands and self.notifier is not None:
             self.notifier.notify()
         for job in hooks:
             self._submit_hook(job)
-        if touched:
-            self._publish(touched)
+        if changed:
+            publish.publish(
+                self.sessions, self.bus, changed, self._alert if self.alerts is not None else None
+            )
         return out
 
     def _sweep(self, s: Session) -> None:
@@ -362,20 +365,8 @@ class DecisionEngine:
 
     # --- outputs --------------------------------------------------------------------------
 
-    def _publish(self, incident_ids: set[int]) -> None:
-        """Live bus and alert webhooks for the incidents a transaction touched."""
-        wants_bus = self.bus is not None and self.bus.wants("incidents")
-        if not wants_bus and self.alerts is None:
-            return
-        with contextlib.suppress(Exception), self.sessions() as s:
-            for iid in sorted(incident_ids):
-                inc = incident_dict(s, get_incident(s, iid))
-                if wants_bus:
-                    self.bus.publish("incidents", "incident", inc)
-                if self.alerts is not None:
-                    self._alert(inc)
-
     def _alert(self, inc: dict[str, Any]) -> None:
+        """The alert webhooks for an incident a transaction changed (published after it)."""
         waiting = inc.get("job_state") == "waiting"
         now = (inc["status"], inc.get("escalations") or 0, waiting)
         seen = self._alerted.get(inc["id"])

@@ -23,6 +23,7 @@ from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, WAITING, HookJob, set_job_state
 from trainguard.backend.engine.decide import Decider
 from trainguard.backend.engine.evidence import clean_exit
+from trainguard.backend.incidents import service as incidents
 from trainguard.backend.models import (
     JOB_ENDED,
     Event,
@@ -135,10 +136,9 @@ def waiting_jobs(d: Decider, session: Session, now: float) -> None:
         ]
         if not free:
             continue
-        inc.outcome = "capacity is back: launcher restart"
+        incidents.note(session, inc, "capacity is back: launcher restart")
         set_job_state(job, "restarting", now)
         d.issue(session, inc, job, "launcher", frozenset())
-        d.touched.add(inc.id)
 
 
 def readmissions(d: Decider, session: Session, now: float, running: set[tuple[int, float]]) -> None:

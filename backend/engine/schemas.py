@@ -1,15 +1,10 @@
-"""What the engine routes take and answer (DecisionEngine.status)."""
+"""What the engine route answers (DecisionEngine.status)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, Field
-
-
-class Answer(BaseModel):
-    model_config = {"extra": "forbid"}
-    reason: str = Field(min_length=1, max_length=500)
 
 
 class EngineStatus(BaseModel):

@@ -17,13 +17,14 @@ from __future__ import annotations
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from trainguard.backend.commands.service import NOTHING_HERE
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, NO_RANK, HookJob
 from trainguard.backend.engine.decide import Decider
 from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence
 from trainguard.backend.engine.hooks import HookResult
 from trainguard.backend.engine.policy import next_level
+from trainguard.backend.incidents import service as incidents
+from trainguard.backend.incidents.reads import NOTHING_HERE
 from trainguard.backend.models import Incident, Job, Node, Rank
 
 # A step-derived resumption waits this long for the agents' own `resumed` ack.
@@ -178,21 +179,21 @@ def relaunch_waits(d: Decider, session: Session, now: float) -> None:
     for inc in rows:
         failed = q.failed_acks(session, inc)
         job = session.get(Job, inc.job_id)
+        wait = d.policy.model.escalation.relaunch_wait_s
         if job is not None and not failed and inc.outcome.startswith(NO_RANK):
             # Nothing to restart and no new generation came: the job is gone.
-            inc.status = "failed"
-            inc.closed_at = now
-            inc.not_before = None
-            inc.outcome = (
-                f"no rank of the job came back within {d.policy.model.escalation.relaunch_wait_s:g}"
-                " s: its launcher gave up or the job was ended"
+            incidents.fail(
+                session,
+                inc,
+                now,
+                f"no rank of the job came back within {wait:g} s: its launcher gave up or "
+                "the job was ended",
+                end_wait=True,
             )
-            d.touched.add(inc.id)
             continue
         if not failed or job is None or inc.level == "stop_job":
-            inc.not_before = None
+            incidents.wait(session, inc, None)
             continue
-        wait = d.policy.model.escalation.relaunch_wait_s
         _climb(d, session, inc, job, failed[0], f"; no step of a new generation within {wait:g} s")
 
 
@@ -202,14 +203,14 @@ def _resumed_anyway(d: Decider, session: Session, inc: Incident, now: float) -> 
     first = q.first_step_after(session, inc)
     if first is None:
         return False
-    inc.resumed_at = first.end
-    inc.status = "resolved"
-    inc.closed_at = now
-    inc.not_before = None
-    inc.outcome = f"resumed (the job's steps) although a command said: {inc.outcome}"[:2000]
-    if inc.lost_steps is None and inc.fault_step is not None:
-        inc.lost_steps = max(0, inc.fault_step - first.step + 1)
-    d.touched.add(inc.id)
+    incidents.resolve(
+        session,
+        inc,
+        now,
+        f"resumed (the job's steps) although a command said: {inc.outcome}",
+        resumed_at=first.end,
+        resumed_step=first.step,
+    )
     d._count("resumed_despite_failed_ack")
     return True
 
@@ -235,14 +236,13 @@ def _wait_for_relaunch(
         if node is None or node.cordoned or node.last_seen < now - d.fresh_within_s:
             return False  # a silent node is node_down's business
     names = sorted({n.name for n in (session.get(Node, nid) for nid, _ in failed) if n})
-    inc.status = "open"
-    inc.closed_at = None
-    inc.not_before = inc.not_before or now + wait
-    inc.outcome = (
+    incidents.wait_for_relaunch(
+        session,
+        inc,
+        now + wait,
         f"waiting up to {wait:g} s for the job's launcher to restart its workers "
-        f"({', '.join(names)}: {failed[0][1]})"
-    )[:2000]
-    d.touched.add(inc.id)
+        f"({', '.join(names)}: {failed[0][1]})",
+    )
     d._count("relaunch_waits")
     return True
 
@@ -253,7 +253,7 @@ def _climb(
     node_id, detail = failure
     node = session.get(Node, node_id)
     name = node.name if node is not None else "?"
-    inc.escalations += 1
+    incidents.escalate(session, inc)
     up = next_level(inc.level, hardware=bool(q.hardware_nodes(session, inc)))
     why = f"the {inc.level} action failed on {name}: {detail}{more}"
     level, notes = d.plan(session, inc, job, up, d.clock())
@@ -282,18 +282,17 @@ def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
         if first is None or first.end > now - RESUME_GRACE_S:
             continue
         acked = inc.resumed_at is not None
-        inc.resumed_at = inc.resumed_at if acked else first.end
-        inc.not_before = None  # a wait for the launcher's new generation ends here
-        inc.status = "resolved"
-        inc.closed_at = now
-        inc.outcome = (
+        # (A wait for the launcher's new generation ends here.)
+        incidents.resolve(
+            session,
+            inc,
+            now,
             "resumed (some nodes never acked resumed; the job's steps say it did)"
             if acked
-            else "resumed (from the job's steps; no resumed ack)"
+            else "resumed (from the job's steps; no resumed ack)",
+            resumed_at=None if acked else first.end,
+            resumed_step=first.step,
         )
-        if inc.lost_steps is None and inc.fault_step is not None:
-            inc.lost_steps = max(0, inc.fault_step - first.step + 1)
-        d.touched.add(inc.id)
         d._count("resumed_from_steps")
 
 

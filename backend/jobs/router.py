@@ -9,10 +9,11 @@ from fastapi import APIRouter, Path, Query, Request
 
 from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
-from trainguard.backend.commands import service as commands
-from trainguard.backend.commands.schemas import Incident
 from trainguard.backend.db import SessionDep
 from trainguard.backend.engine.queries import capabilities
+from trainguard.backend.incidents import publish, reads
+from trainguard.backend.incidents import service as incidents
+from trainguard.backend.incidents.schemas import Incident
 from trainguard.backend.jobs import service
 from trainguard.backend.jobs.schemas import Job, JobDetail, JobSteps, RestartRequest
 
@@ -78,7 +79,7 @@ def restart_job(
     job: JobName, body: RestartRequest, request: Request, session: SessionDep, who: OperatorDep
 ) -> Incident:
     j = service.get_job(session, job)
-    incident = commands.manual_restart(
+    incident = incidents.manual_restart(
         session,
         j,
         level=body.level,
@@ -86,5 +87,6 @@ def restart_job(
         actor=who.name,
         fresh_within_s=request.app.state.settings.node_down_after_s,
     )
+    publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     request.app.state.commands_notifier.notify()
-    return Incident.model_validate(commands.incident_dict(session, incident))
+    return Incident.model_validate(reads.incident_dict(session, incident))

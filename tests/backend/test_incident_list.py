@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from trainguard.backend.commands.listing import Cursor
 from trainguard.backend.engine.policy import ACTION_NAMES
+from trainguard.backend.incidents.listing import Cursor
 from trainguard.backend.models import Incident, Job, Node
 from trainguard.backend.models.control import INCIDENT_STATUSES
 

@@ -16,6 +16,7 @@ from trainguard.backend.commands import service as commands_service
 from trainguard.backend.engine.engine import DecisionEngine
 from trainguard.backend.engine.leader import SingleProcessLeadership
 from trainguard.backend.engine.policy import load_policy
+from trainguard.backend.incidents import service as incidents_service
 from trainguard.backend.ingest import router as ingest_router
 from trainguard.backend.models import Command, Incident, Node, Rank
 from trainguard.protocol import wire
@@ -147,7 +148,7 @@ def make_cluster(
         path = tmp_path / f"policy-{len(engines)}.toml"
         path.write_text(policy)
         clock = Clock()
-        for module in (ingest_router, commands_service):
+        for module in (ingest_router, commands_service, incidents_service):
             monkeypatch.setattr(module, "time", _ClockTime(clock))
         engine = DecisionEngine(
             client.app.state.sessions,
@@ -155,6 +156,7 @@ def make_cluster(
             SingleProcessLeadership(),
             fresh_within_s=fresh,
             notifier=client.app.state.commands_notifier,
+            bus=client.app.state.bus,
             clock=clock,
         )
         engines.append(engine)

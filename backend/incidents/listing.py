@@ -16,8 +16,8 @@ from typing import Any, Literal, get_args
 from sqlalchemy import ColumnElement, exists, select
 from sqlalchemy.orm import Session
 
-from trainguard.backend.commands.service import incident_dict
 from trainguard.backend.engine.policy import ACTION_NAMES, ActionName
+from trainguard.backend.incidents.reads import incident_dict
 from trainguard.backend.models import Incident, Job, Node
 from trainguard.backend.models.control import INCIDENT_STATUSES
 

@@ -1,0 +1,130 @@
+"""Reads of incidents: one as the API answers it (GET /api/v1/incidents/{id}, the list,
+the live bus: its row, timeline, evidence and the commands of its actions with their
+acks), and how far the commands of its current action got."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from trainguard.backend.errors import NotFound
+from trainguard.backend.models import TIMELINE, Command, CommandAck, Incident, Job, Node
+from trainguard.backend.models.control import IncidentEvidence
+
+# A failed ack that says the command found none of the job's workers on its node (the
+# executor's words): they were gone, most likely because the launcher is restarting them.
+NOTHING_HERE = "no live rank"
+
+
+def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
+    job = session.get(Job, inc.job_id)
+    cmds = session.execute(
+        select(Command, Node.name)
+        .join(Node, Node.id == Command.node_id)
+        .where(Command.incident_id == inc.id)
+        .order_by(Command.issued_at)
+    ).all()
+    acks = session.scalars(
+        select(CommandAck)
+        .where(CommandAck.command_id.in_([c.id for c, _ in cmds]))
+        .order_by(CommandAck.ts)
+    ).all()
+    evidence = session.execute(
+        select(IncidentEvidence, Node.name)
+        .outerjoin(Node, Node.id == IncidentEvidence.node_id)
+        .where(IncidentEvidence.incident_id == inc.id)
+        .order_by(IncidentEvidence.ts, IncidentEvidence.id)
+        .limit(200)
+    ).all()
+    fault_node = session.get(Node, inc.node_id) if inc.node_id is not None else None
+    timeline = {f: getattr(inc, f) for f in TIMELINE}
+    recovery = (
+        inc.resumed_at - inc.fault_at
+        if inc.resumed_at is not None and inc.fault_at is not None
+        else None
+    )
+    return {
+        "id": inc.id,
+        "incident_id": inc.id,
+        "job": job.name if job else None,
+        "job_state": job.state if job else None,
+        "created_at": inc.created_at,
+        "trigger": inc.trigger,
+        "triggered_by": inc.triggered_by,
+        "cause": inc.cause,
+        "level": inc.level,
+        "reason": inc.reason,
+        "status": inc.status,
+        "outcome": inc.outcome,
+        "fault_step": inc.fault_step,
+        "lost_steps": inc.lost_steps,
+        "node": fault_node.name if fault_node is not None else None,
+        "gpu_uuid": inc.gpu_uuid,
+        "xid": inc.xid,
+        "escalations": inc.escalations,
+        "not_before": inc.not_before,
+        "acted_at": inc.acted_at,
+        "closed_at": inc.closed_at,
+        "timeline": timeline,
+        "recovery_s": recovery,
+        "decisions": list(inc.decisions or ()),
+        "hooks": list(inc.hooks or ()),
+        "evidence": [
+            {
+                "kind": e.kind,
+                "cause": e.cause,
+                "action": e.action,
+                "node": name,
+                "rank": e.rank,
+                "xid": e.xid,
+                "ts": e.ts,
+                "received_at": e.received_at,
+                "event_id": e.event_id,
+                "detail": e.detail,
+            }
+            for e, name in evidence
+        ],
+        "commands": [
+            {
+                "id": c.id,
+                "node": name,
+                "action": c.action,
+                "issued_at": c.issued_at,
+                "delivered_at": c.delivered_at,
+                "acks": [
+                    {"phase": a.phase, "ts": a.ts, "detail": a.detail}
+                    for a in acks
+                    if a.command_id == c.id
+                ],
+            }
+            for c, name in cmds
+        ],
+    }
+
+
+def terminal_acks(session: Session, inc: Incident) -> dict[str, str | None]:
+    """{command id: "resumed" | "gone" (failed: no live rank there) | "failed" | None (still
+    under way)} for the commands of the incident's current action."""
+    stmt = select(Command.id).where(Command.incident_id == inc.id)
+    if inc.acted_at is not None:
+        stmt = stmt.where(Command.issued_at >= inc.acted_at)
+    out: dict[str, str | None] = dict.fromkeys(session.scalars(stmt).all())
+    for cid, phase, detail in session.execute(
+        select(CommandAck.command_id, CommandAck.phase, CommandAck.detail).where(
+            CommandAck.command_id.in_(list(out)), CommandAck.phase.in_(("resumed", "failed"))
+        )
+    ):
+        if phase == "resumed":
+            out[cid] = "resumed"
+        elif out[cid] is None:
+            out[cid] = "gone" if NOTHING_HERE in detail else "failed"
+    return out
+
+
+def get_incident(session: Session, incident_id: int) -> Incident:
+    inc = session.get(Incident, incident_id)
+    if inc is None:
+        raise NotFound(f"no incident {incident_id}")
+    return inc
