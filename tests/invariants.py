@@ -15,8 +15,8 @@ import itertools
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from trainguard.backend.commands.service import incident_dict
 from trainguard.backend.engine import queries as q
+from trainguard.backend.incidents.reads import incident_dict
 from trainguard.backend.models import TIMELINE, Command, Incident, Node, Rank, Step
 
 

@@ -105,7 +105,7 @@ def incidents_from_database(engine: Any, ids: list[int]) -> list[dict[str, Any]]
     function (for when the server is gone)."""
     from sqlalchemy.orm import Session
 
-    from trainguard.backend.commands.service import incident_dict
+    from trainguard.backend.incidents.reads import incident_dict
     from trainguard.backend.models import Incident
 
     with Session(engine) as session:

@@ -13,10 +13,6 @@ from sqlalchemy.orm import Session
 
 from trainguard.backend.errors import Conflict, NotFound
 from trainguard.backend.incidents import service as incidents
-
-# Re-exported for backend/bench/chaos_rows.py and tests/invariants.py, which read
-# incidents as the API gives them (their owners move them to trainguard.backend.incidents).
-from trainguard.backend.incidents.reads import incident_dict as incident_dict
 from trainguard.backend.models import Command, CommandAck, Job, Node
 from trainguard.protocol import wire
 
