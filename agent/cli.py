@@ -61,6 +61,21 @@ def agent(
             "with no setting). Elsewhere, give the ranks TRAINGUARD_AGENT_SOCKET too"
         ),
     ] = None,
+    pool: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=256,
+            help="keep N warm worker interpreters (torch, DCP, NVRx imported) for workers "
+            "started by `trainguard-worker` (0: off)",
+        ),
+    ] = None,
+    preload: Annotated[
+        str | None, typer.Option(help="more modules the warm pool imports, comma-separated")
+    ] = None,
+    pool_python: Annotated[
+        str | None, typer.Option(help="the workers' Python for the pool (default: this one)")
+    ] = None,
 ) -> None:
     """Run the node agent: GPU health, XIDs, rank heartbeats and steps -> backend."""
     from pydantic import ValidationError
@@ -77,6 +92,9 @@ def agent(
         "interval": interval,
         "metrics_port": metrics_port,
         "socket_path": socket,
+        "pool": pool,
+        "preload": preload,
+        "pool_python": pool_python,
     }
     given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     try:
@@ -104,6 +122,14 @@ def _add_local_components(agent_obj) -> None:
         from trainguard.agent.storehost import StoreHost
 
         agent_obj.add_component(StoreHost(agent_obj.config.store_port, agent_obj.config.store_host))
+    if agent_obj.config.pool:
+        from trainguard.worker import pool_path_for
+        from trainguard.worker.supervisor import PoolProcess
+
+        cfg = agent_obj.config
+        agent_obj.add_component(
+            PoolProcess(pool_path_for(local.socket_path), cfg.pool, cfg.preload, cfg.pool_python)
+        )
     if agent_obj.config.metrics_port is not None:
         from trainguard.agent.metrics import AgentExporter
 

@@ -71,6 +71,13 @@ class AgentConfig(BaseSettings):
     # Prometheus exporter (agent/metrics.py): dcgm-exporter-compatible GPU metrics.
     metrics_port: int | None = Field(default=None, ge=0, lt=65536)
     metrics_host: str = "0.0.0.0"
+    # The warm worker pool (agent/worker/, docs/restarts.md "The warm pool"): this many
+    # interpreters with torch, DCP and NVRx imported, for the workers that the shim
+    # (`trainguard-worker`) starts; 0 is off. `preload`: more modules the pool imports.
+    # `pool_python`: the workers' interpreter (default: the agent's own).
+    pool: int = Field(default=0, ge=0, le=256)
+    preload: list[str] = Field(default_factory=list)
+    pool_python: str | None = None
 
     @classmethod
     def settings_customise_sources(
@@ -130,6 +137,20 @@ class AgentConfig(BaseSettings):
     def _spool_cap_sane(cls, v: int) -> int:
         if v < MIB:
             raise ValueError(f"spool_max_bytes must be at least 1 MiB ({MIB}), got {v}")
+        return v
+
+    @field_validator("preload", mode="before")
+    @classmethod
+    def _preload_list(cls, v: Any) -> Any:
+        """A comma-separated string (the CLI, TRAINGUARD_AGENT_PRELOAD) or a list."""
+        if isinstance(v, str):
+            v = v.split(",")
+        if isinstance(v, list | tuple):
+            names = [str(m).strip() for m in v if str(m).strip()]
+            for m in names:
+                if not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$", m):
+                    raise ValueError(f"preload {m!r} is not a module name")
+            return names
         return v
 
     @field_validator("socket_path", mode="before")

@@ -172,6 +172,9 @@ class Agent:
             parts.append(f"store {cfg.store_host}:{cfg.store_port}")
         if cfg.metrics_port is not None:
             parts.append(f"metrics {cfg.metrics_host}:{cfg.metrics_port}")
+        for c in components:
+            if hasattr(c, "pool_socket"):
+                parts.append(f"worker pool x{cfg.pool} on {c.pool_socket}")
         return "; ".join(parts)
 
     def _emit_start(self) -> None:

@@ -13,7 +13,8 @@ dcgm-exporter.
 - XID errors counted by code (`trainguard_agent_xid_errors_total`) and the last one per
   GPU (`DCGM_FI_DEV_XID_ERRORS`, as dcgm-exporter);
 - the age of each training rank's last heartbeat and its last step, from the SDK server;
-- the uplink's counters (batches sent, spooled, replayed, rejected; backlog; clock offset).
+- the uplink's counters (batches sent, spooled, replayed, rejected; backlog; clock offset);
+- the warm worker pool's interpreters (idle, busy), memory (RSS, PSS) and counters.
 
 The readings are the ones the agent already takes every `interval` for the backend: the
 exporter keeps the last sample of each GPU as it passes through the outbox, so a scrape
@@ -249,6 +250,56 @@ class AgentCollector:
 
         yield from self._ranks()
         yield from self._uplink()
+        yield from self._pool()
+
+    def _pool(self) -> Iterator[Any]:
+        """The warm worker pool (agent/worker/): its interpreters and their memory."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        pools = [c for c in getattr(self.agent, "components", ()) if hasattr(c, "pool_socket")]
+        st = pools[0].stats() if pools else None
+        if st is None:
+            return
+        host = [self.hostname]
+        for name, help_, value in (
+            ("idle", "warm interpreters ready for a worker", len(st.get("idle", []))),
+            ("busy", "workers running in interpreters of the pool", len(st.get("busy", []))),
+            ("size", "warm interpreters the pool keeps", st.get("size", 0)),
+            (
+                "rss_bytes",
+                "resident memory of the pool process and its idle interpreters (shared "
+                "pages counted in each)",
+                st.get("rss_bytes", 0),
+            ),
+            (
+                "pss_bytes",
+                "proportional set size of the pool process and its idle interpreters",
+                st.get("pss_bytes", 0),
+            ),
+        ):
+            g = GaugeMetricFamily(
+                f"trainguard_agent_worker_pool_{name}", help_, labels=["Hostname"]
+            )
+            g.add_metric(host, float(value))
+            yield g
+        for name, help_, value in (
+            ("served", "workers started warm", st.get("served", 0)),
+            (
+                "busy_answers",
+                "requests answered busy (the worker ran cold)",
+                st.get("busy_answers", 0),
+            ),
+            (
+                "cpu_seconds",
+                "CPU time of the pool process and its idle interpreters",
+                st.get("cpu_s", 0.0),
+            ),
+        ):
+            c = CounterMetricFamily(
+                f"trainguard_agent_worker_pool_{name}", help_, labels=["Hostname"]
+            )
+            c.add_metric(host, float(value))
+            yield c
 
     def _ranks(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily

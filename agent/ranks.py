@@ -29,6 +29,7 @@ from trainguard.protocol.messages import (
     Finished,
     Identity,
     Interrupted,
+    Iteration,
     Log,
     Message,
     RestartRaised,
@@ -59,6 +60,9 @@ class RankRecord:
     steps_this_iteration: int = 0
     first_step_end_this_iteration: float | None = None
     iteration_started_at: float = 0.0
+    # when the rank last said which iteration it enters (NVRx's Wrapper entering the
+    # training function, also iteration 0 of a new process): its set-up is done
+    entered_at: float | None = None
     progress_mono: float = 0.0  # monotonic time of the last step (or of the iteration start)
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=16))
     alive: bool = True
@@ -161,6 +165,8 @@ class RankTable:
     def identity(self, rec: RankRecord, msg: Identity, addr: Any, now: float) -> None:
         """An identity message of a known rank: where it sends from, its iteration (an
         in-process restart when it grew), heartbeat, declarations and goodbye."""
+        if isinstance(msg, Iteration):
+            rec.entered_at = msg.ts or now
         if addr is not None:
             if rec.addr is not None and rec.addr != addr:
                 self._by_addr.pop(rec.addr, None)

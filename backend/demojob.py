@@ -127,7 +127,11 @@ def launcher_command(
     train_args: list[str],
     *,
     script: str | os.PathLike[str] = TRAIN_SCRIPT,
+    shim: bool = False,
 ) -> list[str]:
+    """The ft_launcher line; with `shim`, its workers start through trainguard's worker
+    shim (`--no-python trainguard-worker SCRIPT`), warm when the node's agent runs a
+    pool (agent/worker/, docs/restarts.md "The warm pool")."""
     head = ft_launcher_head()
     return [
         *head,
@@ -144,9 +148,18 @@ def launcher_command(
         "--max-restarts",
         str(max_restarts),
         *supported_options(FT_OPTIONS, launcher_options(tuple(head))),
+        *(worker_shim() if shim else []),
         str(script),
         *train_args,
     ]
+
+
+def worker_shim() -> list[str]:
+    """The launcher arguments that start each worker through the shim."""
+    exe = Path(sys.executable).with_name("trainguard-worker")
+    if exe.exists():
+        return ["--no-python", str(exe)]
+    return ["-m", "trainguard.worker"]
 
 
 def launch(
@@ -170,6 +183,7 @@ def launch(
     store_host: str = "127.0.0.1",
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
+    shim: bool = False,
 ) -> list[subprocess.Popen[bytes]]:
     """One ft_launcher per agent socket (= per imitated node); returns the launchers.
     Their output goes to <workdir>/launcher-<i>.log."""
@@ -220,7 +234,7 @@ def launch(
             PYTHONUNBUFFERED="1",
         )
         cmd = launcher_command(
-            len(agent_sockets), nproc_per_node, rdzv_port, job, max_restarts, train_args
+            len(agent_sockets), nproc_per_node, rdzv_port, job, max_restarts, train_args, shim=shim
         )
         log = open(work / f"launcher-{i}.log", "ab")  # noqa: SIM115 - owned by the child
         procs.append(

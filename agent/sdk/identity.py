@@ -4,6 +4,7 @@ and whether NVRx's inprocess.Wrapper runs its training function (`under_wrapper(
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -96,6 +97,21 @@ def _short_id(job: str) -> str:
     return hashlib.sha1(job.encode()).hexdigest()[:8]
 
 
+def parent_pid(env: Mapping[str, str] | None = None) -> int:
+    """The process that started this rank as the launcher sees it. A warm worker
+    (trainguard.worker: forked by the node's pool, driven by the shim the launcher
+    started) has the pool as its parent; the shim's parent, the launcher, is in
+    TRAINGUARD_WORKER_PPID, set for the worker's own pid only (TRAINGUARD_WORKER_PID),
+    so a process the worker starts does not take it for its own."""
+    env = os.environ if env is None else env
+    if env.get("TRAINGUARD_WORKER_PID", "") == str(os.getpid()):
+        with contextlib.suppress(ValueError):
+            ppid = int(env.get("TRAINGUARD_WORKER_PPID", ""))
+            if ppid > 0:
+                return ppid
+    return os.getppid()
+
+
 def _start_ticks(pid: int) -> str:
     """The process's start time (clock ticks since boot), so a reused pid is another name."""
     try:
@@ -165,7 +181,7 @@ def job_identity(
     if several_nodes and all(master):
         basis, source = f"master {master[0]}:{master[1]}", "master_address"
     elif launcher != "none" or world != "1":
-        parent = os.getppid() if ppid is None else ppid
+        parent = parent_pid(env) if ppid is None else ppid
         basis, source = f"launcher {host} {parent} {_start_ticks(parent)}", "launcher_process"
     else:
         own = os.getpid() if pid is None else pid

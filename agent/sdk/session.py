@@ -33,7 +33,7 @@ from trainguard.protocol.messages import (
 )
 from trainguard.sdk import hooks
 from trainguard.sdk.discovery import listening_candidate
-from trainguard.sdk.identity import WRAP_MODULE, under_wrapper
+from trainguard.sdk.identity import WRAP_MODULE, parent_pid, under_wrapper
 from trainguard.sdk.restart import RestartRequested, Restarts
 from trainguard.sdk.transport import Transport
 
@@ -209,7 +209,7 @@ class Session:
             attempt=self.attempt,
             iteration=self.iteration,
             pid=self.pid,
-            ppid=os.getppid(),
+            ppid=parent_pid(),  # the launcher, also under the warm pool
             last_step=self.last_step,
             dropped=self.dropped,
             display_name=self.display_name,

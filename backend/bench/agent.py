@@ -3,6 +3,9 @@
 1. Agent CPU (% of one core) and RSS: a real `trainguard agent --simulate 8` at 1 Hz,
    posting to a real backend, while 8 rank processes report through the SDK at 10
    steps/s each (targets: < 1 % of a core, < 80 MB).
+   With `pool` (default 2), the agent also runs its warm worker pool (agent/worker/):
+   the pool process and its idle interpreters' CPU over the same window and their
+   memory (RSS, and PSS, which splits what the forks share) are reported beside it.
 2. SDK step-hook cost per step (`with tg.step(n): pass`), with an agent listening on the
    socket and with none (target: < 20 microseconds).
 """
@@ -71,10 +74,14 @@ def run(
     ranks: int = 8,
     port: int = 8312,
     sdk_flush_s: float | None = None,
+    pool: int = 2,
 ) -> dict[str, Any]:
-    """`sdk_flush_s`: the ranks' SDK flush interval; None: the SDK's default."""
+    """`sdk_flush_s`: the ranks' SDK flush interval; None: the SDK's default. `pool`: the
+    agent's warm worker pool size (0: none)."""
     from trainguard.backend.demo import start_server
     from trainguard.sdk import FLUSH_INTERVAL_S
+    from trainguard.worker import pool_path_for
+    from trainguard.worker.supervisor import query
 
     tmp = Path(tempfile.mkdtemp(prefix="tg-bench-agent-"))
     sock = str(tmp / "agent.sock")
@@ -97,6 +104,7 @@ def run(
                 "bench-node",
                 "--simulate",
                 str(gpus),
+                *(("--pool", str(pool)) if pool else ()),
             ],
             env={
                 **env,
@@ -128,11 +136,13 @@ def run(
                 )
             )
         time.sleep(warmup)  # imports done, steady state reached
+        pool0 = _pool_usage(pool_path_for(sock), query) if pool else None
         cpu0, rss0 = _proc_cpu_rss(agent.pid)
         t0 = time.monotonic()
         time.sleep(duration)
         cpu1, rss1 = _proc_cpu_rss(agent.pid)
         elapsed = time.monotonic() - t0
+        pool1 = _pool_usage(pool_path_for(sock), query) if pool else None
         with_agent = hook_cost_us(sock)
     finally:
         for p in reversed(procs):
@@ -151,4 +161,42 @@ def run(
         "agent_rss_mib_end": round(rss1, 1),
         "sdk_step_hook_us_agent_listening": round(with_agent, 2),
         "sdk_step_hook_us_no_agent": round(without_agent, 2),
+        "pool": _pool_report(pool, pool0, pool1, elapsed),
+    }
+
+
+def _pool_usage(path: str, query: Any) -> dict[str, Any] | None:
+    """CPU seconds and memory of the pool process and its idle interpreters."""
+    from trainguard.worker.supervisor import proc_cpu_s, proc_memory
+
+    deadline = time.monotonic() + 60  # the pool imports torch first
+    while (st := query(path)) is None or not st.get("idle"):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+    pids = [int(st["pid"]), *map(int, st["idle"])]
+    mem = [proc_memory(p) for p in pids]
+    return {
+        "pids": pids,
+        "cpu_s": sum(c for p in pids if (c := proc_cpu_s(p)) is not None),
+        "rss_mib": round(sum(m.get("rss", 0) for m in mem) / 2**20, 1),
+        "pss_mib": round(sum(m.get("pss", 0) for m in mem) / 2**20, 1),
+        "template_rss_mib": round(mem[0].get("rss", 0) / 2**20, 1),
+    }
+
+
+def _pool_report(
+    size: int, start: dict[str, Any] | None, end: dict[str, Any] | None, elapsed: float
+) -> dict[str, Any] | None:
+    if not size:
+        return None
+    if start is None or end is None:
+        return {"size": size, "error": "the pool did not come up (no torch?)"}
+    return {
+        "size": size,
+        "idle_cpu_pct_of_core": round(100 * (end["cpu_s"] - start["cpu_s"]) / elapsed, 3),
+        "same_processes": start["pids"] == end["pids"],
+        "rss_mib": end["rss_mib"],
+        "pss_mib": end["pss_mib"],
+        "template_rss_mib": end["template_rss_mib"],
     }

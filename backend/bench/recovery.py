@@ -14,6 +14,11 @@ Every mode gets the same fault steps and ranks; only the kind differs:
   resumes from the newest complete DCP checkpoint.
 - in_process: exception faults; NVRx's Wrapper restarts every rank in its process and the
   ranks continue from memory.
+- launcher_warm: as launcher, with each agent running a warm worker pool (agent/worker/,
+  2 interpreters per node with torch, DCP and NVRx imported) and ft_launcher starting
+  its workers through the shim (`--no-python trainguard-worker`): a new generation is
+  forked from the pool instead of importing torch. Run it in the same invocation as
+  `launcher` to compare (the result's `warm_vs_cold`).
 
 The mixed plan (`MIXED_KINDS`: the same steps and ranks, the kinds drawn by the same
 random.Random(seed) with these weights: for seed 42 SIGKILL, SIGKILL, exception,
@@ -57,13 +62,35 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from trainguard.backend.bench.recovery_analysis import analyse, fired_faults
+from trainguard.backend.bench.recovery_analysis import (
+    analyse,
+    fired_faults,
+    recovery_phases,
+    rendezvous_rounds,
+)
 
 MODES = ("baseline", "launcher", "in_process")
-FAULT_KIND = {"baseline": "exception", "launcher": "sigkill", "in_process": "exception"}
+FAULT_KIND = {
+    "baseline": "exception",
+    "launcher": "sigkill",
+    "in_process": "exception",
+    "launcher_warm": "sigkill",
+}
+WARM_MODES = ("launcher_warm",)
+POOL_SIZE = 2  # warm interpreters per node: one per local rank
+# what the result keeps of each node's pool (trainguard.worker.supervisor.PoolProcess.stats)
+POOL_KEYS = (
+    "size",
+    "served",
+    "busy_answers",
+    "rss_bytes",
+    "pss_bytes",
+    "template_rss_bytes",
+    "cpu_s",
+)
 MIXED_KINDS = "exception:0.2,hang:0.3,sigkill:0.5"
 MIXED_MODES = ("mixed_baseline", "mixed_launcher", "mixed_nvrx", "engine", "engine_after_nvrx")
-ALL_MODES = MODES + MIXED_MODES
+ALL_MODES = MODES + WARM_MODES + MIXED_MODES
 for _m in MIXED_MODES:
     FAULT_KIND[_m] = "mixed"
 
@@ -80,10 +107,17 @@ class Nodes:
     Wrapper's store host; collects what the agents saw."""
 
     def __init__(
-        self, workdir: Path, count: int = 2, server: str | None = None, token: str = ""
+        self,
+        workdir: Path,
+        count: int = 2,
+        server: str | None = None,
+        token: str = "",
+        pool: int = 0,
     ) -> None:
         """With `server`, each agent posts to that backend and runs its command executor
-        (recovery_engine.ConnectedAgent); without, the bench reads the outboxes itself."""
+        (recovery_engine.ConnectedAgent); without, the bench reads the outboxes itself.
+        With `pool`, each agent runs a warm worker pool of that many interpreters, beside
+        its socket, and the job starts only once every pool is full."""
         from trainguard.agent.config import AgentConfig
         from trainguard.agent.daemon import build_agent
         from trainguard.agent.local import LocalServer
@@ -122,12 +156,42 @@ class Nodes:
             self.locals.append(local)
         self.events: list[Any] = []
         self.steps: list[Any] = []
+        self.proc_starts: dict[int, float] = {}  # worker pid -> process start (epoch)
+        self.entered: dict[int, float] = {}  # worker pid -> training function entered
+        self.pools: list[Any] = []
+        if pool:
+            self._start_pools(pool)
+
+    def _start_pools(self, size: int) -> None:
+        from trainguard.worker import pool_path_for
+        from trainguard.worker.supervisor import PoolProcess
+
+        for sock in self.sockets:
+            p = PoolProcess(pool_path_for(sock), size)
+            p.start()
+            self.pools.append(p)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            stats = [p.stats() for p in self.pools]
+            if all(st is not None and len(st["idle"]) >= size for st in stats):
+                return
+            if any(p.gave_up for p in self.pools):
+                break
+            time.sleep(0.2)
+        raise RuntimeError(
+            "the warm pools did not fill: "
+            + "; ".join(str(p.gave_up or p.stats()) for p in self.pools)
+        )
+
+    def pool_stats(self) -> list[dict[str, Any] | None]:
+        return [p.stats() for p in self.pools]
 
     @property
     def sockets(self) -> list[str]:
         return [str(loc.socket_path) for loc in self.locals]
 
     def collect(self) -> Nodes:
+        self._note_proc_starts()
         if self.connected:  # what the uplinks drained (and sent) so far
             self.events = [e for c in self.connected for e in list(c.outbox.sent_events)]
             self.steps = [s for c in self.connected for s in list(c.outbox.sent_steps)]
@@ -138,7 +202,22 @@ class Nodes:
             self.steps += d.steps
         return self
 
+    def _note_proc_starts(self) -> None:
+        """Each registered worker's process start, on the epoch clock (from its start
+        time in clock ticks since boot, read by the agent)."""
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        boot = time.time() - uptime
+        tick = os.sysconf("SC_CLK_TCK")
+        for loc in self.locals:
+            for pid, rec in list(loc.ranks.items()):
+                if pid not in self.proc_starts and rec.start_ticks:
+                    self.proc_starts[pid] = boot + rec.start_ticks / tick
+                if pid not in self.entered and rec.entered_at is not None:
+                    self.entered[pid] = rec.entered_at
+
     def close(self) -> None:
+        for p in self.pools:
+            p.stop()
         for loc in self.locals:  # any worker a launcher left behind
             for pid, rec in list(loc.ranks.items()):
                 if rec.alive:
@@ -226,6 +305,8 @@ def launch_kwargs(mode: str, faults: int, engine_defer_s: float = 3.0) -> dict[s
         kw.update(max_restarts=faults + 2, extra_args=["--no-wrapper"])
     elif mode in ("launcher", "mixed_nvrx"):
         kw.update(max_restarts=faults + 2)
+    elif mode == "launcher_warm":
+        kw.update(max_restarts=faults + 2, shim=True)
     elif mode in ("engine", "engine_after_nvrx"):
         # each launcher may restart once for its own rank's death and once for the
         # engine's SIGTERM of its workers
@@ -270,7 +351,12 @@ def run_mode(
         )
         nodes = None
         try:
-            nodes = Nodes(work, server=backend.url, token=backend.token) if backend else Nodes(work)
+            pool = POOL_SIZE if mode in WARM_MODES else 0
+            nodes = (
+                Nodes(work, server=backend.url, token=backend.token)
+                if backend
+                else Nodes(work, pool=pool)
+            )
             relaunch = mode in ("baseline", "mixed_baseline")
             sup = supervise(nodes, kw, relaunch=relaunch, timeout_s=timeout_s)
             incidents = None
@@ -280,7 +366,14 @@ def run_mode(
                     c.stop()  # their uplinks send what is left
                 nodes.collect()
                 incidents = backend.incidents("bench")
+            pool_stats = nodes.pool_stats()
             out = analyse(nodes, sup["t0"], sup["end"], relaunches=sup["relaunches"])
+            logs = [f.read_text(errors="replace") for f in sorted(work.glob("launcher-*.log"))]
+            out["phases"] = recovery_phases(nodes, out["per_fault"], rendezvous_rounds(logs))
+            if pool_stats:
+                out["pool"] = [
+                    {k: st.get(k) for k in POOL_KEYS} if st else None for st in pool_stats
+                ]
             plan = fault_plan(mode, faults, seed, after_step, steps)
             out.update(
                 mode=mode,
@@ -355,6 +448,13 @@ def run(
             engine_policy=engine_policy,
         )
         results[mode]["load_avg_start"] = load[mode]
+    for mode in WARM_MODES:
+        warm, cold = results.get(mode), results.get("launcher")
+        if warm and cold:
+            warm["warm_vs_cold"] = {
+                k: (round(warm[k] / cold[k], 3) if warm.get(k) and cold.get(k) else None)
+                for k in ("recovery_median_s", "recovery_max_s", "wall_s")
+            }
     for mode, r in results.items():
         base = results.get("mixed_baseline" if FAULT_KIND[mode] == "mixed" else "baseline")
         if not base:
@@ -430,6 +530,23 @@ def table(result: dict[str, Any]) -> str:
             f"| {r['trainguard']['goodput']} "
             f"| {vb.get('recovery_median_s')}, {vb.get('wall_s')}, {vb.get('goodput')} |"
         )
+    phase_rows = [(mode, r["phases"]) for mode, r in result["modes"].items() if r.get("phases")]
+    if phase_rows:
+        rows += ["", phases_table(phase_rows)]
+    for mode, r in result["modes"].items():
+        if r.get("warm_vs_cold"):
+            w = r["warm_vs_cold"]
+            rows.append(
+                f"\n{mode} / launcher (same faults, same invocation): recovery median "
+                f"{w['recovery_median_s']}, max {w['recovery_max_s']}, wall {w['wall_s']}"
+            )
+        for i, st in enumerate(r.get("pool") or []):
+            if st:
+                rows.append(
+                    f"{mode} pool node{i}: served {st['served']}, busy answers "
+                    f"{st['busy_answers']}, RSS {st['rss_bytes'] / 2**20:.0f} MiB, PSS "
+                    f"{st['pss_bytes'] / 2**20:.0f} MiB (pool process + idle interpreters)"
+                )
     for mode, r in result["modes"].items():
         if r.get("engine"):
             from trainguard.backend.bench.recovery_engine import decisions_table
@@ -441,6 +558,35 @@ def table(result: dict[str, Any]) -> str:
                 decisions_table(r["engine"]),
             ]
     return "\n".join(rows)
+
+
+PHASES = (
+    ("old_gone_s", "old workers gone"),
+    ("rendezvous_s", "rendezvous round joined (last launcher)"),
+    ("spawned_s", "new processes started (cold only)"),
+    ("attached_s", "new workers attached (imports done)"),
+    ("entered_s", "training function entered (Wrapper up)"),
+    ("restore_start_s", "process group up (restore starts)"),
+    ("restore_end_s", "checkpoint loaded"),
+    ("recovery_s", "first step done"),
+)
+
+
+def phases_table(rows: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    """Median seconds from the fault to each phase of a launcher restart, per mode."""
+    import statistics
+
+    out = [
+        "| mode | " + " | ".join(label for _, label in PHASES) + " |",
+        "|---|" + "---|" * len(PHASES),
+    ]
+    for mode, per_fault in rows:
+        cells = []
+        for key, _ in PHASES:
+            vals = [f[key] for f in per_fault if f.get(key) is not None]
+            cells.append(f"{statistics.median(vals):.2f}" if vals else "-")
+        out.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:

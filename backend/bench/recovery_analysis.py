@@ -180,3 +180,95 @@ def analyse(
         "train_span_s": round(span, 2),
         "efficiency_span": round(productive / span, 4) if span > 0 else None,
     }
+
+
+_JOINED_RE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\].* has joined round (\d+) of the rendezvous"
+)
+
+
+def rendezvous_rounds(logs: list[str]) -> list[float]:
+    """When each launcher joined each rendezvous round after the first (ft_launcher's
+    and torchrun's log lines `... has joined round N of the rendezvous ...`, local time
+    of this machine), as epoch seconds."""
+    from datetime import datetime
+
+    out = []
+    for text in logs:
+        for line in text.splitlines():
+            m = _JOINED_RE.match(line)
+            if m and int(m.group(3)) > 0:
+                t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+                out.append(t + int(m.group(2)) / 1000)
+    return sorted(out)
+
+
+def recovery_phases(
+    nodes: Any, per_fault: list[dict[str, Any]], rounds: list[float] | tuple[float, ...] = ()
+) -> list[dict[str, Any]]:
+    """Seconds from each recovered fault to the phases of its launcher restart, from the
+    agents' records and the launchers' logs: the last old worker's `rank_exit`, the last
+    launcher joining the new rendezvous round (`rounds`), the first new worker process's
+    start (not for warm workers: they were forked before the fault), the last new
+    worker's `rank_start` (it attached: its imports are done), the last one to enter its
+    training function (its first `iteration` message: NVRx's Wrapper is up), the last
+    `restore_start`
+    (process groups built, the checkpoint chosen) and `restore_end` (checkpoint loaded),
+    and the first step done (the recovery). Empty for faults without a new generation
+    (in-process restarts)."""
+    fired = {index: ts for ts, index, _rank, _step in fired_faults(nodes.events)}
+    starts: dict[int, float] = getattr(nodes, "proc_starts", {})
+    out = []
+    for f in per_fault:
+        ts = fired.get(f["index"])
+        if ts is None or not f.get("recovered"):
+            continue
+        end = ts + f["recovery_s"]
+        window = [e for e in nodes.events if ts <= float(e.ts) <= end]
+        begun = [e for e in window if e.kind == "rank_start"]
+        if not begun:
+            continue
+        first_new = min(float(e.ts) for e in begun)
+
+        pids = [e.data.get("pid") for e in begun]
+        spawned = [starts[p] for p in pids if isinstance(p, int) and p in starts]
+        entered = [
+            nodes.entered[p]
+            for p in pids
+            if isinstance(p, int) and p in getattr(nodes, "entered", {})
+        ]
+        out.append(
+            {
+                "index": f["index"],
+                "old_gone_s": _last(window, ts, "rank_exit", before=first_new),
+                "rendezvous_s": max(
+                    (round(r - ts, 3) for r in rounds if ts < r <= first_new), default=None
+                ),
+                "spawned_s": round(min(spawned) - ts, 3) if spawned and min(spawned) > ts else None,
+                "attached_s": round(max(float(e.ts) for e in begun) - ts, 3),
+                "entered_s": round(max(entered) - ts, 3) if entered else None,
+                "restore_start_s": _last(window, ts, "checkpoint", "restore_start"),
+                "restore_end_s": _last(window, ts, "checkpoint", "restore_end"),
+                "recovery_s": f["recovery_s"],
+            }
+        )
+    return out
+
+
+def _last(
+    events: list[Any],
+    since: float,
+    kind: str,
+    phase: str | None = None,
+    before: float = math.inf,
+) -> float | None:
+    """Seconds from `since` to the last event of `kind` (and checkpoint `phase`) up to
+    `before`."""
+    hits = [
+        float(e.ts)
+        for e in events
+        if e.kind == kind
+        and float(e.ts) <= before
+        and (phase is None or e.data.get("phase") == phase)
+    ]
+    return round(max(hits) - since, 3) if hits else None

@@ -21,6 +21,7 @@ PACKAGE_DIRS = (
     ("agent/protocol", "trainguard/protocol"),
     ("agent/sdk", "trainguard/sdk"),
     ("agent/client", "trainguard/client"),
+    ("agent/worker", "trainguard/worker"),
     ("agent", "trainguard/agent"),
     ("backend", "trainguard/backend"),
     ("migrations", "trainguard/migrations"),

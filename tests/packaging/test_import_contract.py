@@ -8,6 +8,8 @@ source with `ast`: every import statement, at the top of a module or inside a fu
 - the SDK (agent/sdk/**) imports the standard library and trainguard.protocol only (an
   import inside `try: ... except ImportError` is optional, not a dependency: torch when
   present);
+- the worker shim (agent/worker/__init__.py, __main__.py, shim.py: it runs before every
+  worker a launcher starts) imports the standard library and trainguard.worker only;
 - the engine (backend/engine/**) knows no HTTP: no fastapi, no starlette. Its router.py,
   the domain's REST surface like every domain's, is the exception, and no other engine
   module imports it;
@@ -35,6 +37,7 @@ PACKAGE_DIRS = (
     ("agent/protocol", "trainguard.protocol"),
     ("agent/sdk", "trainguard.sdk"),
     ("agent/client", "trainguard.client"),
+    ("agent/worker", "trainguard.worker"),
     ("agent", "trainguard.agent"),
     ("backend", "trainguard.backend"),
     ("migrations", "trainguard.migrations"),
@@ -141,8 +144,20 @@ def rule_broken(rel: str, imp: Import) -> str | None:
     t = imp.target
     if _under(t, "agent", "backend", "migrations"):
         return "bare name: import trainguard.* instead"
-    if _under(t, "trainguard.agent.sdk", "trainguard.agent.protocol", "trainguard.agent.client"):
-        return "the SDK, the protocol and the client are trainguard.sdk, .protocol, .client"
+    if _under(
+        t,
+        "trainguard.agent.sdk",
+        "trainguard.agent.protocol",
+        "trainguard.agent.client",
+        "trainguard.agent.worker",
+    ):
+        return "the SDK, the protocol, the client and the worker are trainguard.sdk, ..."
+    if (
+        rel in ("agent/worker/__init__.py", "agent/worker/__main__.py", "agent/worker/shim.py")
+        and not _stdlib(t)
+        and not _under(t, "trainguard.worker")
+    ):
+        return "the worker shim runs before every worker: the standard library only"
     if rel.startswith("agent/client/") and (
         _under(t, "trainguard") and not _under(t, "trainguard.client", "trainguard.protocol")
     ):

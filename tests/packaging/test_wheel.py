@@ -64,7 +64,10 @@ def test_the_wheel_registers_the_cli_and_each_parts_commands(wheel: Path) -> Non
         text = z.read("trainguard-0.1.0.dist-info/entry_points.txt").decode()
     eps = configparser.ConfigParser()
     eps.read_string(text)
-    assert dict(eps["console_scripts"]) == {"trainguard": "trainguard.agent.cli:app"}
+    assert dict(eps["console_scripts"]) == {
+        "trainguard": "trainguard.agent.cli:app",
+        "trainguard-worker": "trainguard.worker.shim:main",  # the launchers' worker shim
+    }
     assert set(eps["trainguard.commands"]) == {*PARTS_COMMANDS}
 
 

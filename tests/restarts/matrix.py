@@ -13,6 +13,9 @@ ft_launcher, with or without NVRx's Wrapper, that takes several faults in a row.
   agents and two launchers with `--nnodes 2` on this machine, each launcher's workers
   pointed at their own agent (TRAINGUARD_AGENT_SOCKET).
 - The job is named by `--rdzv-id` alone (no TRAINGUARD_JOB).
+- A `pool` cell runs each agent with `--pool 2` (agent/worker/) and starts the workers
+  through the shim (`--no-python trainguard-worker inject.py ...`): every generation is
+  forked from the warm pool (`Stack.pool_served` counts them).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import httpx
 
 from tests.support import AUTH, TOKEN, free_port, wait_for
 from trainguard.backend import demojob
+from trainguard.worker import pool_path_for
+from trainguard.worker.supervisor import query
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -62,10 +67,12 @@ class Cell:
     launcher: str  # torchrun | ft_launcher
     wrapper: bool
     nodes: int
+    pool: bool = False  # workers through the shim, warm from the agent's pool
 
     @property
     def id(self) -> str:
-        return f"{self.launcher}-{'wrapper' if self.wrapper else 'plain'}-{self.nodes}n"
+        kind = "wrapper" if self.wrapper else "plain"
+        return f"{self.launcher}-{kind}-{self.nodes}n{'-pool' if self.pool else ''}"
 
     @property
     def world(self) -> int:
@@ -90,6 +97,8 @@ CELLS = [
     for wrapper in (False, True)
     for nodes in (1, 2)
 ]
+# The launcher tests with the warm pool on, one cell per launcher.
+POOL_CELLS = [Cell("torchrun", False, 1, pool=True), Cell("ft_launcher", True, 2, pool=True)]
 
 
 @dataclass
@@ -206,6 +215,7 @@ class Stack:
                     *(sys.executable, "-m", "trainguard.agent.cli", "agent", "--server", self.url),
                     *("--token", TOKEN, "--node", f"mx-node{i}", "--simulate", "2"),
                     *("--interval", "0.5"),
+                    *(("--pool", str(PER_NODE)) if self.cell.pool else ()),
                 ],
                 **extra,
             )
@@ -214,6 +224,22 @@ class Stack:
         if self.cell.nodes == 2:
             for i in range(2):
                 wait_for(lambda i=i: self.agent_socket(i).exists(), 60, 0.1)  # type: ignore[union-attr]  # not None with 2 nodes
+        if self.cell.pool:  # the job starts once every pool is full, so its start is warm
+            for i in range(self.cell.nodes):
+                wait_for(
+                    lambda i=i: (st := query(self.pool_socket(i))) and len(st["idle"]) >= PER_NODE,
+                    120,
+                    0.2,
+                )
+
+    def pool_socket(self, i: int) -> str:
+        sock = self.agent_socket(i)
+        return pool_path_for(sock if sock is not None else self.tmp / "run" / "agent.sock")
+
+    def pool_served(self) -> int:
+        """Workers the nodes' pools started warm so far."""
+        stats = [query(self.pool_socket(i)) for i in range(self.cell.nodes)]
+        return sum(st["served"] for st in stats if st)
 
     def script_args(self) -> list[str]:
         if self.cell.wrapper:
@@ -246,6 +272,7 @@ class Stack:
                     *("--nnodes", str(self.cell.nodes), "--nproc-per-node", str(PER_NODE)),
                     *("--max-restarts", str(self.max_restarts), "--rdzv-backend", "c10d"),
                     *("--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--rdzv-id", self.job),
+                    *(demojob.worker_shim() if self.cell.pool else ()),
                     str(INJECT),
                     *self.script_args(),
                 ]
@@ -258,6 +285,7 @@ class Stack:
                     self.max_restarts,
                     self.script_args(),
                     script=INJECT,
+                    shim=self.cell.pool,
                 )
             self.launchers.append(self.start(f"launcher{i}", cmd, **extra))
 

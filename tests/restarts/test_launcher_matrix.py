@@ -19,7 +19,7 @@ import pytest
 
 from tests.invariants import check
 
-from .matrix import CAUSES, CELLS, FAULTS, Cell, Outcome, Stack, record
+from .matrix import CAUSES, CELLS, FAULTS, POOL_CELLS, Cell, Outcome, Stack, record
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +72,30 @@ def test_launcher_matrix(cell: Cell, tmp_path: Path) -> None:
         ranks = stack.ranks()
         assert {r["in_process"] for r in ranks if r["alive"]} == {cell.wrapper}
         assert {r["launcher"] for r in ranks if r["alive"]} == {cell.launcher}
+        assert_outcomes(stack, outcomes)
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.close()
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("cell", POOL_CELLS, ids=[c.id for c in POOL_CELLS])
+def test_launcher_matrix_with_the_warm_pool(cell: Cell, tmp_path: Path) -> None:
+    """Issue 17: the same five faults with the workers started through the shim from the
+    agents' warm pools; every launcher restart's new generation is forked warm."""
+    stack = Stack(tmp_path, cell)
+    try:
+        outcomes = run(stack, FAULTS)
+        ranks = stack.ranks()
+        assert {r["in_process"] for r in ranks if r["alive"]} == {cell.wrapper}
+        assert {r["launcher"] for r in ranks if r["alive"]} == {cell.launcher}
+        attempts = max(r["attempt"] for r in ranks if r["alive"])
+        assert attempts >= 2  # the SIGKILL and the REST launcher restart at least
+        # the first generation and every restarted one came from the pools
+        assert stack.pool_served() >= cell.world * (attempts + 1)
+        assert "trainguard-worker:" not in stack.logs(tail=10**6)  # none fell back to cold
         assert_outcomes(stack, outcomes)
     except BaseException:
         print(stack.logs())

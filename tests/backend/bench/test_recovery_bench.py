@@ -211,3 +211,50 @@ def test_a_launcher_command_without_a_death_before_it_is_the_engines_restart() -
     assert who_reacted(inc, raised=set()) == (
         "engine: its launcher command ended the workers; its SIGTERM ended 2 worker(s) on node0"
     )
+
+
+def test_the_warm_launcher_mode_is_the_launcher_mode_through_the_shim() -> None:
+    cold, warm = recovery.launch_kwargs("launcher", 5), recovery.launch_kwargs("launcher_warm", 5)
+    assert warm == {**cold, "shim": True}
+    assert recovery.fault_plan("launcher_warm", 5, 42, 10, 300) == recovery.fault_plan(
+        "launcher", 5, 42, 10, 300
+    )
+
+
+def test_the_phases_of_a_launcher_restart_come_from_the_agents_and_the_launcher_logs() -> None:
+    from datetime import datetime
+
+    from trainguard.backend.bench.recovery_analysis import recovery_phases, rendezvous_rounds
+
+    def ev(kind: str, at: float, **data: Any) -> Any:
+        return Event(kind=kind, ts=T + at, job="bench", data=data)
+
+    joined = datetime.fromtimestamp(T + 11).strftime("%Y-%m-%d %H:%M:%S")
+    logs = [
+        f"[{joined},250] [INFO] [ft_launcher1@vm] The node 'n0' has joined round 1 of the "
+        "rendezvous 'bench' as rank 0 in a world of size 2.\n"
+        "[2026-01-01 00:00:00,000] [INFO] [x] The node 'n0' has joined round 0 of the rendezvous",
+    ]
+    rounds = rendezvous_rounds(logs)
+    assert rounds == [T + 11.25]
+    events = [
+        _fault(T + 10.0, 0, 1, 8),
+        ev("rank_exit", 10.2),
+        ev("rank_exit", 10.9),
+        ev("rank_start", 12.0, pid=101),
+        ev("rank_start", 12.3, pid=102),
+        ev("checkpoint", 13.0, phase="restore_start"),
+        ev("checkpoint", 13.1, phase="restore_end"),
+    ]
+    nodes = SimpleNamespace(
+        events=events, steps=[], proc_starts={101: T + 11.8, 102: T + 9.0}, entered={102: T + 12.6}
+    )
+    per_fault = [{"index": 0, "recovered": True, "recovery_s": 3.2}]
+    (ph,) = recovery_phases(nodes, per_fault, rounds)
+    assert ph["old_gone_s"] == 0.9
+    assert ph["rendezvous_s"] == 1.25
+    assert ph["spawned_s"] is None  # one new worker was forked before the fault: warm
+    assert ph["attached_s"] == 2.3
+    assert ph["entered_s"] == 2.6
+    assert (ph["restore_start_s"], ph["restore_end_s"], ph["recovery_s"]) == (3.0, 3.1, 3.2)
+    assert recovery_phases(nodes, [{"index": 0, "recovered": False}], rounds) == []
