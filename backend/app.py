@@ -9,6 +9,7 @@ import gc
 import logging
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -19,6 +20,8 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
+from starlette.routing import BaseRoute, Match, Mount
+from starlette.types import Scope
 
 from trainguard.backend import db, errors, metrics
 from trainguard.backend.alerts.dispatcher import AlertDispatcher
@@ -84,6 +87,23 @@ class _RedactTokens(logging.Filter):
 _ACCESS_LOG = logging.getLogger("uvicorn.access")
 if not any(isinstance(f, _RedactTokens) for f in _ACCESS_LOG.filters):
     _ACCESS_LOG.addFilter(_RedactTokens())
+
+
+class UiMount(Mount):
+    """The static UI at `/`, beneath the routes: a path that one of `routes` serves is never
+    the UI's, so another method on it gets the route's 405 and `Allow` (`POST` for
+    /api/v1/ingest), not the static files' `GET, HEAD`."""
+
+    def __init__(self, directory: Path, routes: list[BaseRoute]) -> None:
+        super().__init__("/", StaticFiles(directory=directory, html=True), name="ui")
+        self._routes = routes
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] == "http" and any(
+            r is not self and r.matches(scope)[0] is not Match.NONE for r in self._routes
+        ):
+            return Match.NONE, {}
+        return super().matches(scope)
 
 
 class Health(BaseModel):
@@ -275,6 +295,7 @@ def create_app(settings: Settings) -> FastAPI:
                 "Readiness",
                 Readiness.model_json_schema(ref_template="#/components/schemas/{model}"),
             )
+            errors.document_unparsable_bodies(doc)
             app.openapi_schema = doc
         return app.openapi_schema
 
@@ -331,5 +352,5 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(metrics.render(app), media_type="text/plain; version=0.0.4")
 
     if settings.frontend_dir.is_dir():
-        app.mount("/", StaticFiles(directory=settings.frontend_dir, html=True), name="ui")
+        app.router.routes.append(UiMount(settings.frontend_dir, app.router.routes))
     return app

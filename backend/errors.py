@@ -72,6 +72,19 @@ def responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any
     return out
 
 
+def document_unparsable_bodies(doc: dict[str, Any]) -> None:
+    """Every operation that takes a body may answer 400 before its own code runs: FastAPI
+    refuses a body that is not text (not UTF-8) with "There was an error parsing the body".
+    Adds that 400 to each such operation of an OpenAPI document that does not say it."""
+    for item in doc.get("paths", {}).values():
+        for op in item.values():
+            if isinstance(op, dict) and "requestBody" in op:
+                op.setdefault("responses", {}).setdefault(
+                    "400",
+                    {"description": "the body cannot be parsed", "content": _ERROR_CONTENT},
+                )
+
+
 # The statuses of every route behind a role (ViewerDep, OperatorDep, AgentDep): a token
 # lookup reads the database, so 503 applies to each; operator routes add 429.
 VIEWER = (401, 403, 503)

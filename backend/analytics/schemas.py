@@ -167,18 +167,22 @@ class WhatIf(BaseModel):
     gpus: int = Field(ge=1, le=10_000_000, description="GPUs in the job")
     mtbf_per_gpu_h: float = Field(
         default=advice.LLAMA3_MTBF_PER_GPU_S / 3600,
-        gt=0,
-        le=1e9,  # hours: beyond it the results leave the range of a float
+        # Hours. Below 0.001 h (3.6 s) the failures per day leave the range of a float.
+        ge=1e-3,
+        le=1e9,  # beyond it too
         description="mean time between failures of one GPU (default: Llama 3's rate)",
     )
     checkpoint_cost_s: float = Field(gt=0, le=86400, description="blocking time of a save")
     checkpoint_interval_s: float | None = Field(
-        default=None, gt=0, description="interval to evaluate (default: Daly's optimum)"
+        default=None,
+        ge=1e-3,
+        le=1e9,
+        description="interval to evaluate (default: Daly's optimum)",
     )
     restart_s: dict[Level, Annotated[float, Field(ge=0, le=86400)]] = Field(
         min_length=1, description="restart time per level, fault to resumed"
     )
-    level_mix: dict[Level, Annotated[float, Field(ge=0)]] | None = Field(
+    level_mix: dict[Level, Annotated[float, Field(ge=0, le=1e9)]] | None = Field(
         default=None, description="share of failures recovered at each level"
     )
 

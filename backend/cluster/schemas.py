@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -19,14 +19,24 @@ class Cordon(BaseModel):
     release_reason: str | None
 
 
+NodeStatus = Literal["healthy", "degraded", "down", "cordoned"]
+
+
 class Node(BaseModel):
     name: str
-    status: str
+    status: NodeStatus = Field(
+        description="cordoned, else down (silent past node_down_after_s), else degraded "
+        "(late batches, an XID within 10 min, or a lost GPU), else healthy"
+    )
     simulated: bool
     cordoned: bool
     first_seen: float
     last_seen: float
     gpu_count: int
+    gpus_lost: int = Field(
+        description="GPUs whose latest sample has no reading at all: fell off the bus "
+        "(XID 79) or lost by the driver"
+    )
     clock_offset_s: float | None
     util_avg: float | None
     temp_max: float | None
@@ -71,6 +81,7 @@ class Gpu(BaseModel):
     simulated: bool
     memory_total_mib: float | None
     power_limit_w: float | None
+    lost: bool = Field(description="its latest sample has no reading at all (XID 79, GPU lost)")
     latest: LatestSample | None
 
 

@@ -39,7 +39,15 @@ async def poll_commands(
     request: Request,
     principal: AgentDep,
     node: Annotated[str, Path(max_length=128)],
-    wait: Annotated[float, Query(ge=0, le=60)] = 20.0,
+    wait: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=60,
+            description="seconds to wait for a command; capped at the server's "
+            "`command_wait_max_s` (TRAINGUARD_COMMAND_WAIT_MAX_S, default 30)",
+        ),
+    ] = 20.0,
 ) -> Response:
     check_node(principal, node)
     app = request.app

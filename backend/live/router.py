@@ -15,12 +15,18 @@ from trainguard.backend.auth import ViewerDep
 
 router = APIRouter(tags=["live"])
 
-_TOPIC = re.compile(r"^(nodes|events|incidents|(node|job):[A-Za-z0-9][A-Za-z0-9._:@-]{0,127})$")
+_ONE_TOPIC = r"(nodes|events|incidents|(node|job):[A-Za-z0-9][A-Za-z0-9._:@-]{0,127})"
+_TOPIC = re.compile(f"^{_ONE_TOPIC}$")
+# The grammar of `topics` in the schema, so a generated value is one the stream takes; the
+# check itself stays in parse_topics, which names the bad topics in its 422.
+_TOPICS_PATTERN = f"^{_ONE_TOPIC}(,{_ONE_TOPIC}){{0,31}}$"
 _json = msgspec.json.Encoder()
 
 
 def parse_topics(
-    topics: Annotated[str, Query(max_length=4096)] = "nodes,events",
+    topics: Annotated[
+        str, Query(max_length=4096, json_schema_extra={"pattern": _TOPICS_PATTERN})
+    ] = "nodes,events",
 ) -> frozenset[str]:
     """A dependency, so a bad `topics` is a 422 before the stream (and its 200) starts."""
     wanted = frozenset(t.strip() for t in topics.split(",") if t.strip())

@@ -17,18 +17,17 @@ function density(count) {
 }
 
 /**
- * A reporting node whose latest samples had no reading at all, on any GPU: its GPUs fell
- * off the bus (the node summary averages the readings it got; one lost GPU of several
- * shows on the node's page only).
+ * How many of the node's GPUs are lost: the server's count (`gpus_lost`, GPUs whose
+ * latest sample has no reading at all: fell off the bus, XID 79, or lost by the driver),
+ * so one lost GPU of several shows too, though the node's averages still read.
  */
 export function nodeGpusLost(node) {
-  return (
-    node.status !== "down" &&
-    (node.gpu_count ?? 0) > 0 &&
-    Boolean(node.last_seen) &&
-    (node.util_avg === null || node.util_avg === undefined) &&
-    (node.temp_max === null || node.temp_max === undefined)
-  );
+  return node.gpus_lost ?? 0;
+}
+
+/** "1 GPU lost", "3 GPUs lost". */
+export function gpusLostText(count) {
+  return `${count} ${count === 1 ? "GPU" : "GPUs"} lost`;
 }
 
 function describe(node) {
@@ -36,7 +35,8 @@ function describe(node) {
   // stands in for its bare status.
   const cordon = cordonText(node);
   const parts = [node.name, cordon || node.status];
-  if (nodeGpusLost(node)) parts.push("GPUs lost: every reading missing");
+  const lost = nodeGpusLost(node);
+  if (lost) parts.push(`${lost} of ${node.gpu_count ?? 0} GPUs lost: every reading missing`);
   if (node.simulated) parts.push("simulated");
   parts.push(`util ${pct(node.util_avg)}`, `max ${celsius(node.temp_max)}`);
   if (node.last_seen) parts.push(`seen ${localTime(node.last_seen)}`);
@@ -111,13 +111,14 @@ export class NodeGrid {
         el.dataset.simulated = String(Boolean(node.simulated));
         el.dataset.cordoned = String(cordoned);
         el.dataset.repair = String(Boolean(node.repair));
-        el.dataset.lost = String(lost);
+        el.dataset.lost = String(lost > 0);
+        el.dataset.gpusLost = String(lost);
         el.classList.toggle("dim", dim);
         el.title = text;
         el.setAttribute("aria-label", text);
         tile.label.textContent = node.name;
         // A word on the large tiles (the frame and the pattern say it on the small ones).
-        tile.mark.textContent = node.repair ? "repair" : cordoned ? "cordoned" : lost ? "GPUs lost" : "";
+        tile.mark.textContent = node.repair ? "repair" : cordoned ? "cordoned" : lost ? gpusLostText(lost) : "";
         tile.node = node;
       }
       tile.node = node;

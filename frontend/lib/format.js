@@ -104,7 +104,7 @@ export const STATUS_ORDER = ["down", "degraded", "straggler", "cordoned", "healt
 
 const STATUS_HINT = {
   healthy: "reporting, no open faults",
-  degraded: "reporting, with a fault or a warning on the node",
+  degraded: "reporting, with a fault or a warning on the node (late batches, a recent XID, a lost GPU)",
   straggler: "reporting, but a rank on it is flagged as a straggler",
   down: "the agent stopped reporting",
   cordoned: "taken out of scheduling (no new work) by an operator or by trainguard",

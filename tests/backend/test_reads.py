@@ -41,6 +41,54 @@ def test_node_health_follows_last_seen_and_xids(make_client: Any) -> None:
     assert client.get("/api/v1/nodes/nope").status_code == 404
 
 
+def test_a_gpu_whose_latest_sample_has_no_reading_is_lost_and_degrades_its_node(
+    client: Any,
+) -> None:
+    now = time.time()
+    gpus = [wire.GpuInfo(uuid=f"GPU-bus-{i}", index=i, name="sim") for i in range(2)]
+
+    def send(seq: int, ts: float, lost: bool) -> None:
+        # GPU 1 fell off the bus (XID 79): NVML answers nothing, the sample has no reading.
+        samples = [
+            wire.GpuSample(uuid="GPU-bus-0", ts=ts, util=90.0, temp_c=70.0),
+            wire.GpuSample(uuid="GPU-bus-1", ts=ts)
+            if lost
+            else wire.GpuSample(uuid="GPU-bus-1", ts=ts, util=88.0, temp_c=69.0),
+        ]
+        batch = wire.Batch(
+            node="bus",
+            agent_id="agent000001",
+            seq=seq,
+            sent_at=time.time(),
+            simulated=True,
+            gpus=gpus,
+            samples=samples,
+        )
+        assert client.post("/api/v1/ingest", content=wire.encode(batch)).status_code == 200
+
+    send(1, now - 2, lost=False)
+    post(client, "fine", 1, [wire.GpuSample(uuid="GPU-fine-0", ts=now, util=10.0)])
+    nodes = {n["name"]: n for n in client.get("/api/v1/nodes").json()}
+    assert (nodes["bus"]["gpus_lost"], nodes["bus"]["status"]) == (0, "healthy")
+
+    send(2, now - 1, lost=True)
+    nodes = {n["name"]: n for n in client.get("/api/v1/nodes").json()}
+    # The node's averages still read 90 % (GPU 0 answers): only the count says it.
+    assert nodes["bus"]["util_avg"] is not None
+    assert (nodes["bus"]["gpus_lost"], nodes["bus"]["status"]) == (1, "degraded")
+    assert (nodes["fine"]["gpus_lost"], nodes["fine"]["status"]) == (0, "healthy")
+    detail = client.get("/api/v1/nodes/bus").json()
+    assert (detail["gpus_lost"], detail["status"]) == (1, "degraded")
+    assert [g["lost"] for g in detail["gpus"]] == [False, True]
+    assert [g["lost"] for g in client.get("/api/v1/nodes/bus/gpus").json()] == [False, True]
+
+    # After the power cycle it reads again: the latest sample counts, not the history.
+    send(3, now, lost=False)
+    detail = client.get("/api/v1/nodes/bus").json()
+    assert (detail["gpus_lost"], detail["status"]) == (0, "healthy")
+    assert [g["lost"] for g in detail["gpus"]] == [False, False]
+
+
 def test_samples_are_downsampled_and_gaps_are_null(client: Any) -> None:
     t0 = time.time() // 100 * 100 - 3600  # within the ingest window (7 days)
     # 100 s of 1 Hz data, then a 100 s hole, then 100 s more.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from playwright.sync_api import Page, expect
 
 from tests.frontend.conftest import Cluster
 from tests.frontend.seed import JobSeed, agent_id
+from trainguard.protocol import messages
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -102,6 +104,11 @@ def test_the_node_page_marks_a_lost_gpu_and_shows_the_ranks_heartbeat(
     fine = page.locator(f'.gpus-table tr[data-uuid="{gpus[0]["uuid"]}"]')
     expect(fine).to_have_attribute("data-lost", "false")
     expect(fine.locator(".badge-lost")).to_have_count(0)
+    # The node's facts: the server's count (`gpus_lost`), and a lost GPU degrades the node.
+    facts = page.locator(".facts")
+    expect(facts.locator('[data-field="gpus"]')).to_have_attribute("data-lost", "1")
+    expect(facts.locator('[data-field="gpus"]')).to_have_text("2 (1 lost)")
+    expect(facts.locator(".status-degraded")).to_have_text("degraded")
 
     ranks = page.locator(".ranks-table")
     expect(ranks.locator("tbody tr")).to_have_count(2)
@@ -116,7 +123,8 @@ def test_the_node_page_marks_a_lost_gpu_and_shows_the_ranks_heartbeat(
     )
     screenshot(page, "node-lost-gpu")
 
-    # The overview's tile of a node whose every GPU reading is missing says "GPUs lost".
+    # The overview marks both nodes from the server's count: the one whose every GPU
+    # reading is missing and the one with one lost GPU of two, whose averages still read.
     all_lost = "lost-node-2"
     cluster.api(
         "ingest",
@@ -127,17 +135,61 @@ def test_the_node_page_marks_a_lost_gpu_and_shows_the_ranks_heartbeat(
             samples=[{"uuid": f"GPU-{all_lost}-0", "ts": now}],
         ),
     )
+    assert {n["name"]: n["gpus_lost"] for n in cluster.api("nodes")} == {node: 1, all_lost: 1}
     page.goto(f"{cluster.url}/#/")
-    tile = page.locator(f'.node-grid a.tile[data-node="{all_lost}"]')
-    expect(tile).to_have_attribute("data-lost", "true")
-    expect(tile.locator(".tile-mark")).to_have_text("GPUs lost")
-    expect(page.locator(f'.node-grid a.tile[data-node="{node}"]')).to_have_attribute(
-        "data-lost", "false"
-    )
+    for name in (node, all_lost):
+        tile = page.locator(f'.node-grid a.tile[data-node="{name}"]')
+        expect(tile).to_have_attribute("data-lost", "true")
+        expect(tile).to_have_attribute("data-gpus-lost", "1")
+        expect(tile).to_have_attribute("data-status", "degraded")
+        expect(tile.locator(".tile-mark")).to_have_text("1 GPU lost")
+    expect(page.locator(".summary .count-lost")).to_have_text("GPUs lost 2")
+    expect(page.locator(".summary .count-lost")).to_have_attribute("data-count", "2")
     # The jobs table says what its generation column counts.
     header = page.locator(".jobs-table thead th", has_text="Attempt / iteration")
     expect(header).to_have_attribute("title", re.compile("attempt.*iteration"))
     screenshot(page, "overview-lost-gpus")
+
+
+def test_a_real_agents_gpu_that_falls_off_the_bus_reads_lost_and_degrades_its_node(
+    page: Page, empty_server: Cluster, screenshot: Screenshot
+) -> None:
+    """A real agent simulating two GPUs; XID 79 injected on GPU 1 through its socket (as
+    the fault injector does): the simulated GPU answers no reading from then on, the
+    server counts it lost and the dashboard says so, while GPU 0 keeps the averages up."""
+    cluster = empty_server
+    node = "xid79-node"
+    cluster.start_agent(node, gpus=2)
+    cluster.wait(lambda: (n := cluster.node(node)) and n["gpu_count"] == 2, "no 2 GPUs")
+    cluster.wait(lambda: cluster.node(node)["status"] == "healthy", "never healthy")
+    assert cluster.node(node)["gpus_lost"] == 0
+    inject = messages.InjectXid(xid=79, gpu=1, message="GPU has fallen off the bus", ts=time.time())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(messages.encode(inject), str(cluster.data_dir / f"{node}.sock"))
+    # The simulated power cycle brings the GPU back after 40 s: this reads well before.
+    lost = cluster.wait(lambda: (n := cluster.node(node)) and n["gpus_lost"] == 1 and n, "not lost")
+    assert lost["status"] == "degraded" and lost["util_avg"] is not None
+    gpus = cluster.api(f"nodes/{node}/gpus")
+    assert [g["lost"] for g in gpus] == [False, True]
+    sign_in(page, cluster)
+
+    page.goto(f"{cluster.url}/#/")
+    tile = page.locator(f'.node-grid a.tile[data-node="{node}"]')
+    expect(tile).to_have_attribute("data-gpus-lost", "1")
+    expect(tile.locator(".tile-mark")).to_have_text("1 GPU lost")
+    expect(tile).to_have_attribute("aria-label", re.compile("1 of 2 GPUs lost"))
+    expect(page.locator(".summary .count-lost")).to_have_text("GPUs lost 1")
+    screenshot(page, "overview-xid79-agent")
+
+    page.goto(f"{cluster.url}/#/nodes/{node}")
+    expect(page.locator('.facts [data-field="gpus"]')).to_have_text("2 (1 lost)")
+    row = page.locator(f'.gpus-table tr[data-uuid="{gpus[1]["uuid"]}"]')
+    expect(row).to_have_attribute("data-lost", "true")
+    expect(row.locator(".badge-lost")).to_have_text("lost")
+    expect(page.locator(f'.gpus-table tr[data-uuid="{gpus[0]["uuid"]}"]')).to_have_attribute(
+        "data-lost", "false"
+    )
+    screenshot(page, "node-xid79-agent")
 
 
 def test_the_feed_hides_checkpoints_by_default_and_an_injection_log_is_no_xid(

@@ -57,14 +57,14 @@ class GpuRow {
     );
     this.memoryTotal = gpu.memory_total_mib ?? null;
     this.latest = null;
-    this.update(gpu.latest ?? null);
+    this.update(gpu.latest ?? null, gpu.lost);
   }
 
-  update(sample) {
+  /** lost: the server's word (GET /nodes/<name>/gpus `lost`); a live sample says it itself. */
+  update(sample, lost = gpuLost(sample)) {
     if (sample && this.latest && sample.ts < this.latest.ts) return;
     this.latest = sample;
     const s = sample ?? {};
-    const lost = gpuLost(sample);
     this.tr.dataset.lost = String(lost);
     this.tr.classList.toggle("gpu-lost", lost);
     replace(this.lostSlot, lost ? lostBadge() : null);

@@ -3,13 +3,23 @@
 // its last XID and what the stragglers route says about it.
 import { repairBadge } from "../../lib/cordons.js";
 import { emptyState, h, replace } from "../../lib/dom.js";
-import { celsius, pct, seconds, simulatedBadge, statusBadge, timeEl } from "../../lib/format.js";
+import { gpusLostText } from "../../components/node-grid.js";
+import { celsius, lostBadge, pct, seconds, simulatedBadge, statusBadge, timeEl } from "../../lib/format.js";
 import { factItems } from "../../lib/panels.js";
 
 function facts(node) {
   return factItems([
     ["Health", statusBadge(node.status)],
-    ["GPUs", String(node.gpu_count ?? 0)],
+    [
+      "GPUs",
+      // The server's count of GPUs whose latest sample has no reading (`gpus_lost`).
+      h(
+        "span",
+        { dataset: { field: "gpus", lost: String(node.gpus_lost ?? 0) } },
+        String(node.gpu_count ?? 0),
+        node.gpus_lost ? [` (${node.gpus_lost} `, lostBadge(gpusLostText(node.gpus_lost)), ")"] : null,
+      ),
+    ],
     ["Avg util", pct(node.util_avg)],
     ["Max temp", celsius(node.temp_max)],
     ["Last seen", timeEl(node.last_seen)],

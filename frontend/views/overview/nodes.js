@@ -1,7 +1,7 @@
 // The overview's Nodes panel: every node as a tile of the grid, the counts by state (the
 // summary line above the panels), and the table of the nodes the filters list; a healthy
 // node that hosts a flagged rank shows as a straggler.
-import { NodeGrid } from "../../components/node-grid.js";
+import { gpusLostText, NodeGrid, nodeGpusLost } from "../../components/node-grid.js";
 import { cordonCell } from "../../lib/cordons.js";
 import { emptyState, errorBox, h, replace } from "../../lib/dom.js";
 import { celsius, localTime, pct, simulatedBadge, STATUS_ORDER, statusBadge, timeEl } from "../../lib/format.js";
@@ -42,7 +42,13 @@ class NodeRow {
     this.tr.dataset.simulated = String(Boolean(node.simulated));
     replace(this.badge, node.simulated ? simulatedBadge() : null);
     replace(this.cells.status, statusBadge(node.status));
-    this.cells.gpus.textContent = String(node.gpu_count ?? 0);
+    const lost = nodeGpusLost(node);
+    this.cells.gpus.dataset.lost = String(lost);
+    replace(
+      this.cells.gpus,
+      String(node.gpu_count ?? 0),
+      lost ? [" ", h("span", { class: "badge badge-lost", title: gpusLostText(lost) }, `${lost} lost`)] : null,
+    );
     this.cells.util.textContent = pct(node.util_avg);
     this.cells.temp.textContent = celsius(node.temp_max);
     replace(this.cells.seen, timeEl(node.last_seen));
@@ -61,15 +67,27 @@ function withStragglers(nodes, stragglers) {
 function summary(list) {
   const counts = Object.fromEntries(STATUS_ORDER.map((s) => [s, 0]));
   let gpus = 0;
+  let lost = 0;
   let simulated = 0;
   for (const node of list) {
     counts[node.status] = (counts[node.status] ?? 0) + 1;
     gpus += node.gpu_count ?? 0;
+    lost += nodeGpusLost(node);
     if (node.simulated) simulated += 1;
   }
   return [
     h("span", { class: "count-total" }, `${list.length} ${list.length === 1 ? "node" : "nodes"}`),
     h("span", {}, `${gpus} GPUs`),
+    // The server's count (GET /nodes `gpus_lost`): GPUs whose latest sample has no reading.
+    h(
+      "span",
+      {
+        class: lost ? "count-lost status-down" : "count-lost muted",
+        dataset: { count: String(lost) },
+        title: "GPUs whose latest sample has no reading at all: fell off the bus (XID 79) or lost by the driver",
+      },
+      `GPUs lost ${lost}`,
+    ),
     STATUS_ORDER.map((status) =>
       h(
         "span",
