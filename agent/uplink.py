@@ -31,12 +31,14 @@ from trainguard.agent.config import AgentConfig
 from trainguard.agent.outbox import Drained, Outbox
 from trainguard.agent.spool import Spool
 from trainguard.protocol.wire import (
+    JSON_TYPE,
     MAX_BODY_BYTES,
     MAX_EVENTS,
     MAX_GPUS,
     MAX_RANKS,
     MAX_SAMPLES,
     MAX_STEPS,
+    MSGPACK_TYPE,
     Batch,
     Event,
     GpuInfo,
@@ -45,6 +47,7 @@ from trainguard.protocol.wire import (
     StepReport,
     decode_batch,
     encode,
+    encode_msgpack,
 )
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,7 @@ class Outcome(enum.Enum):
     SENT = "sent"
     TRANSIENT = "transient"  # keep it, retry later
     REJECTED = "rejected"  # the server refuses this batch for good
+    UNSUPPORTED = "unsupported"  # 415 to a MessagePack body: send it again as JSON
 
 
 @dataclass
@@ -187,6 +191,9 @@ class Uplink:
         self._retry_at = 0.0
         self._last_batch_mono = float("-inf")
         self._server_interval = 0.0  # the backend's pace (batch_interval_s), once told
+        # New batches go as MessagePack once the backend's answers list it in Accept-Post
+        # (older backends read JSON only); spooled bodies replay as the JSON they were.
+        self.msgpack = False
         self._logged: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -270,7 +277,7 @@ class Uplink:
             if link_down:
                 self._spool(batch)
                 continue
-            outcome = self._post(encode(batch), batch, timeout=2.0 if final else None)
+            outcome = self._send(batch, timeout=2.0 if final else None)
             if outcome is Outcome.TRANSIENT:
                 self._spool(batch)
                 link_down = True
@@ -376,11 +383,31 @@ class Uplink:
 
     # --- HTTP -----------------------------------------------------------------------------
 
-    def _post(self, body: bytes, batch: Batch | None, timeout: float | None = None) -> Outcome:
+    def _send(self, batch: Batch, timeout: float | None = None) -> Outcome:
+        """POST a new batch, as MessagePack when the backend takes it: a 415 (a backend
+        behind the same address that does not) sends it again as JSON, and JSON it stays
+        until an answer lists MessagePack again."""
+        if self.msgpack:
+            outcome = self._post(encode_msgpack(batch), batch, timeout, MSGPACK_TYPE)
+            if outcome is not Outcome.UNSUPPORTED:
+                return outcome
+            self.msgpack = False
+            log.info("backend refused MessagePack (415); sending JSON")
+        return self._post(encode(batch), batch, timeout)
+
+    def _post(
+        self,
+        body: bytes,
+        batch: Batch | None,
+        timeout: float | None = None,
+        content_type: str = JSON_TYPE,
+    ) -> Outcome:
         """One POST of an encoded batch; `batch` (when known) is only used for counting."""
         t0 = self.clock()
         try:
             kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+            if content_type != JSON_TYPE:
+                kwargs["headers"] = {"Content-Type": content_type}
             resp = self.client.post(INGEST_PATH, content=body, **kwargs)
         except httpx.HTTPError as exc:
             return self._transient(
@@ -391,6 +418,8 @@ class Uplink:
         if 200 <= status < 300:
             self._on_sent(resp, batch, (t0 + t1) / 2)
             return Outcome.SENT
+        if status == 415 and content_type != JSON_TYPE:
+            return Outcome.UNSUPPORTED
         detail = _server_message(resp)
         if status in (408, 429) or status >= 500:
             return self._transient(f"HTTP {status}: {detail}", _retry_after(resp))
@@ -412,6 +441,7 @@ class Uplink:
         st.last_sent_at = self.clock()
         self._attempt, self._retry_at = 0, 0.0
         self._last_batch_mono = self.monotonic()
+        self.msgpack = MSGPACK_TYPE in resp.headers.get("accept-post", "")
         if batch is not None:
             st.samples_sent += len(batch.samples)
             st.events_sent += len(batch.events)

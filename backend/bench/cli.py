@@ -28,6 +28,12 @@ def bench_ingest(
         typer.Option(min=0.01, help="seconds between a node's batches (default: --period)"),
     ] = None,
     workers: Annotated[int, typer.Option(min=1, max=64, help="load generator processes")] = 1,
+    server_workers: Annotated[
+        int, typer.Option(min=1, max=64, help="backend processes (`server --workers`; PostgreSQL)")
+    ] = 1,
+    encoding: Annotated[
+        str, typer.Option(help="json | msgpack: the batches' Content-Type")
+    ] = "json",
     database_url: DbUrlOpt = None,
     data_dir: Annotated[Path, typer.Option()] = Path("data/bench"),
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8311,
@@ -35,6 +41,9 @@ def bench_ingest(
 ) -> None:
     """Sustained end-to-end ingest: load generators -> HTTP -> one backend -> database."""
     from trainguard.backend.bench.ingest import run
+
+    if encoding not in ("json", "msgpack"):
+        fail(f"--encoding must be json or msgpack, not {encoding!r}")
 
     _print_report(
         run(
@@ -48,6 +57,8 @@ def bench_ingest(
             port,
             json_out,
             batch_interval=batch_interval,
+            server_workers=server_workers,
+            encoding=encoding,
         )
     )
 
@@ -225,6 +236,13 @@ def bench_soak(
     period: Annotated[float, typer.Option(min=0.01)] = 1,
     workers: Annotated[int, typer.Option(min=1, max=64)] = 1,
     every: Annotated[float, typer.Option(min=0.5, help="seconds between RSS readings")] = 10,
+    batch_interval: Annotated[
+        float | None,
+        typer.Option(min=0.01, help="seconds between a node's batches (default: --period)"),
+    ] = None,
+    server_workers: Annotated[
+        int, typer.Option(min=1, max=64, help="backend processes (`server --workers`; PostgreSQL)")
+    ] = 1,
     database_url: DbUrlOpt = None,
     data_dir: Annotated[Path, typer.Option()] = Path("data/soak"),
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8316,
@@ -246,6 +264,8 @@ def bench_soak(
             port,
             every_s=every,
             json_out=json_out,
+            batch_interval=batch_interval,
+            server_workers=server_workers,
         )
     )
 

@@ -28,8 +28,8 @@ class _Conn:
     """A minimal HTTP/1.1 keep-alive client on asyncio streams: the load generator must
     cost far less CPU than the server it measures (httpx's async client did not)."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, content_type: str = "application/json") -> None:
+        self.host, self.port, self.content_type = host, port, content_type
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -39,17 +39,16 @@ class _Conn:
         assert self.reader is not None
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"Content-Type: {self.content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         self.writer.write(head.encode() + body)
         await self.writer.drain()
-        status_line = await self.reader.readline()
-        length = 0
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":", 1)[1])
+        # The answer's head in one read, not a read per header line.
+        answer = (await self.reader.readuntil(b"\r\n\r\n")).lower()
+        at = answer.find(b"\r\ncontent-length:")
+        length = int(answer[at + 17 : answer.index(b"\r\n", at + 2)]) if at >= 0 else 0
         await self.reader.readexactly(length)
-        return int(status_line.split()[1])
+        return int(answer.split(None, 2)[1])
 
 
 def _gen_worker(
@@ -60,8 +59,12 @@ def _gen_worker(
     batch_interval: float,
     duration: float,
     out: Any,
+    encoding: str = "json",
 ) -> None:
     from trainguard.protocol import wire
+
+    encode = wire.encode_msgpack if encoding == "msgpack" else wire.encode
+    content_type = wire.MSGPACK_TYPE if encoding == "msgpack" else wire.JSON_TYPE
 
     host, port = url.removeprefix("http://").split(":")
 
@@ -73,7 +76,7 @@ def _gen_worker(
         slip: list[float],
     ) -> None:
         # One keep-alive connection per node, as a real agent holds one.
-        conn = _Conn(host, int(port))
+        conn = _Conn(host, int(port), content_type)
         agent_id = f"bench{random.getrandbits(40):010x}"
         uuids = [f"GPU-bench-{node}-{i}" for i in range(gpus)]
         inventory = [wire.GpuInfo(uuid=u, index=i) for i, u in enumerate(uuids)]
@@ -82,9 +85,34 @@ def _gen_worker(
         await asyncio.sleep(random.random() * batch_interval)
         end = time.monotonic() + duration
         nxt = time.monotonic()
+        # The node's samples are built once and refreshed in place for each batch: the
+        # generator shares the machine with what it measures (42 -> 30 µs a batch).
+        samples = [
+            wire.GpuSample(
+                uuid=u,
+                ts=0.0,
+                util=90.0,
+                mem_util=40.0,
+                mem_used_mib=60000.0,
+                temp_c=65.0,
+                power_w=650.0,
+                sm_clock_mhz=1980.0,
+                mem_clock_mhz=2619.0,
+                ecc_sbe_volatile=0,
+                ecc_dbe_volatile=0,
+                pcie_replay=0,
+            )
+            for _ in range(per_batch)
+            for u in uuids
+        ]
+        rand = random.random
         while time.monotonic() < end:
             seq += 1
             now = time.time()
+            for i, sample in enumerate(samples):  # oldest first, as an agent's outbox
+                sample.ts = now - (per_batch - 1 - i // gpus) * period
+                sample.util = 80.0 + 20.0 * rand()
+                sample.temp_c = 55.0 + 20.0 * rand()
             batch = wire.Batch(
                 node=node,
                 agent_id=agent_id,
@@ -92,26 +120,9 @@ def _gen_worker(
                 sent_at=now,
                 simulated=True,
                 gpus=inventory if seq == 1 else None,
-                samples=[
-                    wire.GpuSample(
-                        uuid=u,
-                        ts=now - k * period,
-                        util=random.uniform(80, 100),
-                        mem_util=40.0,
-                        mem_used_mib=60000.0,
-                        temp_c=random.uniform(55, 75),
-                        power_w=650.0,
-                        sm_clock_mhz=1980.0,
-                        mem_clock_mhz=2619.0,
-                        ecc_sbe_volatile=0,
-                        ecc_dbe_volatile=0,
-                        pcie_replay=0,
-                    )
-                    for k in range(per_batch - 1, -1, -1)
-                    for u in uuids
-                ],
+                samples=samples,
             )
-            body = wire.encode(batch)
+            body = encode(batch)
             slip.append(time.monotonic() - nxt)  # how late this batch leaves its schedule
             t0 = time.perf_counter()
             status = 0
@@ -122,7 +133,13 @@ def _gen_worker(
                 try:
                     status = await conn.post("/api/v1/ingest", body)
                     break
-                except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                except (
+                    OSError,
+                    asyncio.IncompleteReadError,
+                    asyncio.LimitOverrunError,
+                    ValueError,
+                    IndexError,
+                ):
                     conn.writer = None
                     if not reused or attempt:
                         break
@@ -166,6 +183,44 @@ def _rss_cpu(pid: int) -> tuple[float, float]:
         fields = f.read().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return rss, cpu
+
+
+def server_pids(pid: int) -> list[int]:
+    """The server's processes: itself, and with `--workers` its worker processes (its
+    children, less multiprocessing's resource tracker)."""
+    pids = [pid]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        return pids
+    for child in children:
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                if b"resource_tracker" in f.read():
+                    continue
+        except OSError:
+            continue
+        pids.append(child)
+    return pids
+
+
+def wait_workers(base: str, workers: int, timeout: float = 120.0) -> None:
+    """With several server processes: until each has answered /readyz (new connections
+    land on each worker's socket in turn), so no worker is still starting when the load
+    begins."""
+    from urllib.request import urlopen
+
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while workers > 1 and len(seen) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only workers {sorted(seen)} of {workers} answered")
+        try:
+            with urlopen(f"{base}/readyz", timeout=2) as resp:
+                seen.add(resp.headers.get("x-trainguard-worker", ""))
+        except OSError:
+            time.sleep(0.2)
 
 
 def _ms(ordered: list[float], q: float) -> float | None:
@@ -226,8 +281,11 @@ def _count(url: str, node_prefix: str = "") -> int:
         engine.dispose()
 
 
-def raw_copy_rate(url: str, rows: int = 200_000) -> float:
-    """Binary COPY of sample-shaped rows straight into PostgreSQL, rows/s."""
+def raw_copy_rate(url: str, rows: int = 200_000, into_samples: bool = False) -> float:
+    """Binary COPY of sample-shaped rows straight into PostgreSQL, rows/s, from one
+    connection: into a temporary table without indexes (the wire's ceiling), or with
+    `into_samples` into the `samples` table itself, with its indexes and foreign key,
+    rolled back (the ceiling of one ingest writer, whose COPY goes there)."""
     import psycopg
     from sqlalchemy.engine import make_url
 
@@ -235,10 +293,13 @@ def raw_copy_rate(url: str, rows: int = 200_000) -> float:
 
     u = make_url(url)
     conninfo = u.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo) as conn:
+        gpu_ids = [r[0] for r in conn.execute("SELECT id FROM gpus ORDER BY id LIMIT 200000")]
+    gpu_ids = gpu_ids or [1]
     data = [
         (
-            1,
-            time.time() + i,
+            gpu_ids[i % len(gpu_ids)],
+            time.time() + i // len(gpu_ids),
             90.0,
             40.0,
             6e4,
@@ -260,15 +321,24 @@ def raw_copy_rate(url: str, rows: int = 200_000) -> float:
         )
         for i in range(rows)
     ]
+    if into_samples and len(gpu_ids) == 1 and gpu_ids[0] == 1:
+        return 0.0  # no GPU rows: nothing the foreign key would accept
     with psycopg.connect(conninfo) as conn, conn.cursor() as cur:
-        cur.execute("CREATE TEMP TABLE bench_raw (LIKE samples INCLUDING DEFAULTS)")
+        table = "samples"
+        if not into_samples:
+            table = "bench_raw"
+            cur.execute("CREATE TEMP TABLE bench_raw (LIKE samples INCLUDING DEFAULTS)")
         t0 = time.perf_counter()
         with cur.copy(
-            f"COPY bench_raw ({', '.join(SAMPLE_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+            f"COPY {table} ({', '.join(SAMPLE_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
         ) as copy:
             copy.set_types(_PG_TYPES)
             for r in data:
                 copy.write_row(r)
+        if into_samples:  # the foreign key's checks ran at the end of the COPY
+            took = time.perf_counter() - t0
+            conn.rollback()
+            return rows / took
         conn.commit()
         return rows / (time.perf_counter() - t0)
 
@@ -284,6 +354,8 @@ def run(
     port: int,
     out_json: Path | None,
     batch_interval: float | None = None,
+    server_workers: int = 1,
+    encoding: str = "json",
 ) -> dict[str, Any]:
     from trainguard.backend.bench.common import fresh_database
     from trainguard.backend.demo import start_server
@@ -298,20 +370,24 @@ def run(
         "TRAINGUARD_AGENT_BATCH_INTERVAL_S": str(batch_interval),
         # Health marks a node degraded after half of this without a batch.
         "TRAINGUARD_NODE_DOWN_AFTER_S": str(max(15.0, 3 * batch_interval)),
+        "TRAINGUARD_SERVER_WORKERS": str(server_workers),
     }
     server = start_server(port, env)
     base = f"http://127.0.0.1:{port}"
     try:
+        wait_workers(base, server_workers)
+        pids = server_pids(server.pid)
         names = [f"bench-{i:05d}" for i in range(nodes)]
         q: Any = mp.get_context("spawn").Queue()
         procs = [
             mp.get_context("spawn").Process(
                 target=_gen_worker,
-                args=(base, names[w::workers], gpus, period, batch_interval, duration, q),
+                args=(base, names[w::workers], gpus, period, batch_interval, duration, q, encoding),
             )
             for w in range(workers)
         ]
-        _, cpu0 = _rss_cpu(server.pid)
+        rss_cpu0 = [_rss_cpu(p) for p in pids]
+        cpu0 = [c for _, c in rss_cpu0]
         busy0, pg0 = _machine_busy(), _postgres_cpu()
         t0 = time.monotonic()
         for p in procs:
@@ -320,7 +396,7 @@ def run(
         for p in procs:
             p.join()
         elapsed = time.monotonic() - t0
-        rss, cpu1 = _rss_cpu(server.pid)
+        rss_cpu1 = [_rss_cpu(p) for p in pids]
         busy1, pg1 = _machine_busy(), _postgres_cpu()
     finally:
         server.terminate()
@@ -362,10 +438,25 @@ def run(
         "latency_p99_by_10s_ms": _by_window(sent_lat, 10.0),
         "first_batch_p50_ms": _ms(first, 0.5),
         "first_batch_p99_ms": _ms(first, 0.99),
-        "backend_cpu_pct_of_core": round(100 * (cpu1 - cpu0) / elapsed, 1),
-        "backend_rss_mib": round(rss, 1),
+        "server_workers": server_workers,
+        "encoding": encoding,
+        # The whole server (supervisor and workers), then each of its processes.
+        "backend_cpu_pct_of_core": round(
+            100 * sum(c1 - c0 for (_, c1), c0 in zip(rss_cpu1, cpu0, strict=True)) / elapsed, 1
+        ),
+        "backend_cpu_pct_by_process": [
+            round(100 * (c1 - c0) / elapsed, 1) for (_, c1), c0 in zip(rss_cpu1, cpu0, strict=True)
+        ],
+        "backend_rss_mib": round(sum(r for r, _ in rss_cpu1), 1),
+        "backend_rss_mib_by_process": [round(r, 1) for r, _ in rss_cpu1],
+        # What the nodes cost: the RSS at the end over the idle server's before the load.
+        "backend_rss_mib_idle": round(sum(r for r, _ in rss_cpu0), 1),
+        "backend_rss_mib_per_1000_nodes": round(
+            1000 * (sum(r for r, _ in rss_cpu1) - sum(r for r, _ in rss_cpu0)) / nodes, 1
+        ),
         # The same machine ran the load and the database: what they took, in cores.
         "load_generator_cpu_cores": round(sum(r["cpu_s"] for r in results) / elapsed, 2),
+        "load_generator_cpu_cores_by_process": [round(r["cpu_s"] / elapsed, 2) for r in results],
         "postgres_cpu_cores": round((pg1 - pg0) / elapsed, 2),
         "machine_busy_cores": round((busy1 - busy0) / elapsed, 2),
         "machine_cores": os.cpu_count(),
@@ -374,6 +465,8 @@ def run(
         raw = raw_copy_rate(url)
         report["raw_copy_rows_per_s"] = round(raw)
         report["ingest_over_raw"] = round(report["stored_samples_per_s"] / raw, 3)
+        # What one writer's COPY can reach: the real table, its indexes and foreign key.
+        report["raw_copy_into_samples_rows_per_s"] = round(raw_copy_rate(url, into_samples=True))
     if out_json:
         out_json.write_text(json.dumps(report, indent=2))
     return report

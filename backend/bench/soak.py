@@ -21,7 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.backend.bench.ingest import TOKEN, _count, _gen_worker, _rss_cpu
+from trainguard.backend.bench.ingest import (
+    TOKEN,
+    _count,
+    _gen_worker,
+    _rss_cpu,
+    server_pids,
+    wait_workers,
+)
 
 
 def _slope_per_h(points: list[tuple[float, float]]) -> float:
@@ -50,6 +57,8 @@ def run(
     every_s: float = 10.0,
     warmup_s: float = 60.0,
     json_out: Path | None = None,
+    batch_interval: float | None = None,
+    server_workers: int = 1,
 ) -> dict[str, Any]:
     """Load one backend for `minutes` with `agents` real agents and `nodes` generated nodes
     (`gpus` GPUs each, a batch every `period` s); report RSS of the backend and agents.
@@ -61,6 +70,7 @@ def run(
     from trainguard.backend.demo import wait_ready
 
     duration = minutes * 60
+    batch_interval = batch_interval or period
     warmup_s = min(warmup_s, duration / 3)
     url = fresh_database(data_dir, database_url, "soak.db")
     before = _count(url)
@@ -69,6 +79,10 @@ def run(
         "TRAINGUARD_ADMIN_TOKEN": TOKEN,
         "TRAINGUARD_DATABASE_URL": url,
         "TRAINGUARD_DATA_DIR": str(data_dir),
+        # Generated nodes and real agents alike send a batch every batch_interval.
+        "TRAINGUARD_AGENT_BATCH_INTERVAL_S": str(batch_interval if batch_interval > period else 0),
+        "TRAINGUARD_NODE_DOWN_AFTER_S": str(max(15.0, 3 * batch_interval)),
+        "TRAINGUARD_SERVER_WORKERS": str(server_workers),
     }
     cli = [sys.executable, "-m", "trainguard.agent.cli"]
     server = subprocess.Popen(
@@ -84,6 +98,8 @@ def run(
     series: list[dict[str, Any]] = []
     try:
         wait_ready(base, proc=server)
+        wait_workers(base, server_workers)
+        pids = server_pids(server.pid)
         for i in range(agents):
             node = f"soak-agent-{i:03d}"
             agent_env = {
@@ -118,11 +134,11 @@ def run(
         gens = [
             ctx.Process(
                 target=_gen_worker,
-                args=(base, names[w::workers], gpus, period, period, duration, q),
+                args=(base, names[w::workers], gpus, period, batch_interval, duration, q),
             )
             for w in range(workers if nodes else 0)
         ]
-        _, cpu0 = _rss_cpu(server.pid)
+        cpu0 = sum(_rss_cpu(p)[1] for p in pids)
         t0 = time.monotonic()
         for g in gens:
             g.start()
@@ -135,7 +151,7 @@ def run(
             series.append(
                 {
                     "t": round(now - t0, 1),
-                    "backend_mib": round(_rss_cpu(server.pid)[0], 1),
+                    "backend_mib": round(sum(_rss_cpu(p)[0] for p in pids), 1),
                     "agents_mib": [round(_rss_cpu(a.pid)[0], 1) for a in agent_procs],
                 }
             )
@@ -145,7 +161,7 @@ def run(
         for g in gens:
             g.join()
         elapsed = time.monotonic() - t0
-        _, cpu1 = _rss_cpu(server.pid)
+        cpu1 = sum(_rss_cpu(p)[1] for p in pids)
     finally:
         for p in (*agent_procs, server):
             p.terminate()
@@ -167,6 +183,8 @@ def run(
         "agents": agents,
         "generated_nodes": nodes,
         "gpus_per_node": gpus,
+        "batch_interval_s": batch_interval,
+        "server_workers": server_workers,
         "offered_samples_per_s": round((nodes + agents) * gpus / period),
         "stored_samples_per_s": round(stored / elapsed),
         "generator_errors": sum(r["errors"] for r in results),
@@ -177,6 +195,11 @@ def run(
         "backend_rss_mib_end": last["backend_mib"],
         "backend_rss_mib_max": max(s["backend_mib"] for s in series),
         "backend_rss_growth_mib_per_h": round(_slope_per_h(backend_fit), 1),
+        # What the nodes cost: the RSS at the end over the server's before the load.
+        "backend_rss_mib_idle": series[0]["backend_mib"],
+        "backend_rss_mib_per_1000_nodes_end": round(
+            1000 * (last["backend_mib"] - series[0]["backend_mib"]) / max(1, nodes + agents), 1
+        ),
         "agent_rss_mib_start": max(first["agents_mib"], default=None),
         "agent_rss_mib_mid": max(mid["agents_mib"], default=None),
         "agent_rss_mib_end": max(last["agents_mib"], default=None),

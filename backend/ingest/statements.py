@@ -101,6 +101,37 @@ WHERE n.id = v.id
 """
 
 
+# A node's first batch registers it and its GPUs (a cluster-wide agent restart is a burst
+# of those): on PostgreSQL one statement per table for the whole group, arrays in, ids
+# back. SQLAlchemy's executemany of the upsert ran one statement per GPU: 2.1 s for a
+# group of 3,000 new nodes, more than COPYing their samples (py-spy, docs/benchmarks.md).
+_PG_INSERT_NODES = """
+INSERT INTO nodes (name, first_seen, last_seen, simulated, cordoned)
+SELECT n, %s, %s, false, false FROM unnest(%s::text[]) AS n
+ON CONFLICT (name) DO NOTHING
+RETURNING id, name
+"""
+_GPU_COLUMNS = (
+    "node_id",
+    "uuid",
+    "index",
+    "name",
+    "pci_bus_id",
+    "memory_total_mib",
+    "power_limit_w",
+    "simulated",
+)
+_PG_UPSERT_GPUS = f"""
+INSERT INTO gpus (node_id, uuid, "index", name, pci_bus_id, memory_total_mib, power_limit_w,
+                  simulated)
+SELECT * FROM unnest(%s::int4[], %s::text[], %s::int4[], %s::text[], %s::text[],
+                     %s::float8[], %s::float8[], %s::bool[])
+ON CONFLICT (uuid) DO UPDATE SET
+    {", ".join(f'"{c}" = excluded."{c}"' for c in _GPU_COLUMNS if c != "uuid")}
+RETURNING id, uuid
+"""
+
+
 @dataclass
 class _Item:
     batch: Batch
@@ -204,7 +235,21 @@ class BulkStatements:
 
     def _resolve_nodes(self, conn: Connection, names: set[str], now: float) -> dict[str, int]:
         missing = [n for n in names if n not in self._node_ids]
-        if missing:
+        if missing and self._pg:
+            # Sorted, as the GPUs below: two processes registering the same nodes at once
+            # take their unique-key locks in one order, so neither waits for the other twice.
+            missing.sort()
+            found = conn.exec_driver_sql(_PG_INSERT_NODES, (now, now, missing))
+            self._node_ids.update((name, nid) for nid, name in found)
+            # Those that existed already (or that another process registered meanwhile:
+            # this statement's snapshot predates its commit) are read on their own.
+            missing = [n for n in missing if n not in self._node_ids]
+            if missing:
+                for nid, name in conn.execute(
+                    select(Node.id, Node.name).where(Node.name.in_(missing))
+                ):
+                    self._node_ids[name] = nid
+        elif missing:
             conn.execute(
                 self._insert_ignore(Node).on_conflict_do_nothing(index_elements=["name"]),
                 [
@@ -299,7 +344,16 @@ class BulkStatements:
             return
         inventory = [r for r in rows.values() if r["index"] >= 0]
         placeholders = [r for r in rows.values() if r["index"] < 0]
-        if inventory:
+        if inventory and self._pg:
+            inventory.sort(key=lambda r: r["uuid"])
+            arrays = tuple([r[c] for r in inventory] for c in _GPU_COLUMNS)
+            self._gpu_ids.update(
+                (u, gid) for gid, u in conn.exec_driver_sql(_PG_UPSERT_GPUS, arrays)
+            )
+            if not placeholders:
+                return
+            rows = {r["uuid"]: r for r in placeholders}
+        elif inventory:
             stmt = self._insert_ignore(Gpu)
             stmt = stmt.on_conflict_do_update(
                 index_elements=["uuid"],
@@ -454,6 +508,7 @@ class BulkStatements:
             for s in it.batch.steps:
                 j = summary.setdefault(job_ids[s.job], {"last_seen": it.received_at})
                 j["last_step"] = max(j.get("last_step", -1), s.step)
-        for jid, vals in summary.items():
+        # In id order: two processes updating the same jobs lock their rows in one order.
+        for jid, vals in sorted(summary.items()):
             conn.execute(update(Job).where(Job.id == jid).values(**vals))
         return len(steps)

@@ -21,10 +21,12 @@ from trainguard.agent.uplink import Uplink
 from trainguard.protocol.wire import (
     MAX_BODY_BYTES,
     MAX_SAMPLES,
+    MSGPACK_TYPE,
     Batch,
     Event,
     GpuSample,
     decode_batch,
+    decode_batch_msgpack,
 )
 
 T0 = 1_700_000_000.0
@@ -39,6 +41,7 @@ class Backend:
         self.requests: list[httpx.Request] = []
         self.received_at = T0 + 3.0
         self.pace: object = None  # batch_interval_s in the answer, when set
+        self.msgpack = False  # takes MessagePack and says so (Accept-Post), as a new backend
         self._lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -56,7 +59,12 @@ class Backend:
             return httpx.Response(422, json={"detail": "Expected `str` - at `$.node`"})
         if self.mode == "bare":  # an older or proxied backend: no JSON, a Date header
             return httpx.Response(200, headers={"Date": formatdate(T0 + 10, usegmt=True)})
-        b = decode_batch(request.content)
+        if request.headers["content-type"] == MSGPACK_TYPE:
+            if not self.msgpack:
+                return httpx.Response(415, json={"detail": "unsupported content type"})
+            b = decode_batch_msgpack(request.content)
+        else:
+            b = decode_batch(request.content)
         with self._lock:
             duplicate = any((x.agent_id, x.seq) == (b.agent_id, b.seq) for x in self.batches)
             self.batches.append(b)
@@ -71,6 +79,7 @@ class Backend:
                 "received_at": self.received_at,
                 **({} if self.pace is None else {"batch_interval_s": self.pace}),
             },
+            headers={"Accept-Post": f"application/json, {MSGPACK_TYPE}"} if self.msgpack else {},
         )
 
     def seqs(self) -> list[tuple[str, int]]:
@@ -138,6 +147,36 @@ def test_without_received_at_the_date_header_hints_the_clock_offset(tmp_path: Pa
     up.tick()
     st = up.stats()
     assert st.batches_sent == 1 and st.clock_offset_s == pytest.approx(10.0)
+
+
+def test_batches_go_as_msgpack_once_the_backend_lists_it_and_as_json_after_a_415(
+    tmp_path: Path,
+):
+    backend = Backend()
+    backend.msgpack = True
+    up, _ = uplink(tmp_path, backend)
+    for n in (2, 3):
+        up.outbox.put_samples(samples(n))
+        up.tick()
+    # The first batch is JSON (nothing known yet); its answer lists MessagePack.
+    assert [r.headers["content-type"] for r in backend.requests] == [
+        "application/json",
+        MSGPACK_TYPE,
+    ]
+    assert [len(b.samples) for b in backend.batches] == [2, 3]
+    backend.msgpack = False  # another backend behind the same address: JSON only
+    up.outbox.put_samples(samples(4))
+    up.tick()
+    assert [r.headers["content-type"] for r in backend.requests[2:]] == [
+        MSGPACK_TYPE,
+        "application/json",
+    ]
+    assert [s for _, s in backend.seqs()] == [1, 2, 3]  # the refused one, resent as JSON
+    assert len(backend.batches[-1].samples) == 4 and up.msgpack is False
+    up.outbox.put_samples(samples(1))
+    up.tick()
+    assert backend.requests[-1].headers["content-type"] == "application/json"
+    assert up.stats().batches_rejected == 0
 
 
 def test_seq_counts_up_across_ticks_and_splits(tmp_path: Path):

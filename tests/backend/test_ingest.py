@@ -101,6 +101,45 @@ def test_bad_json_too_large_and_future_timestamps(make_client: Any) -> None:
     assert r.status_code == 422 and "$.samples[1].ts" in r.json()["detail"]
 
 
+def test_a_msgpack_batch_is_stored_as_its_json_twin_would_be(client: Any, db_url: str) -> None:
+    batch = wire.decode_batch(make_batch(1))
+    body = wire.encode_msgpack(batch)
+    assert wire.decode_batch_msgpack(body) == batch  # the binary encoding round-trips
+    r = client.post("/api/v1/ingest", content=body, headers={"Content-Type": "application/msgpack"})
+    assert r.status_code == 200, r.text
+    assert r.json()["duplicate"] is False and r.json()["stored_samples"] == 8
+    assert "application/msgpack" in r.headers["accept-post"]
+    # The same batch in JSON is the same batch: a replay, stored once.
+    again = client.post(
+        "/api/v1/ingest",
+        content=wire.encode(batch),
+        headers={"Content-Type": "application/json; charset=utf-8"},
+    )
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert count(db_url, Sample) == 8 and count(db_url, IngestBatch) == 1
+
+
+def test_an_unknown_content_type_is_refused_with_415_and_nothing_stored(
+    client: Any, db_url: str
+) -> None:
+    r = client.post("/api/v1/ingest", content=make_batch(1), headers={"Content-Type": "text/csv"})
+    assert r.status_code == 415
+    assert "text/csv" in r.json()["detail"] and "application/msgpack" in r.headers["accept-post"]
+    r = client.post(
+        "/api/v1/ingest", content=b"\xc1", headers={"Content-Type": "application/msgpack"}
+    )
+    assert r.status_code == 400 and "malformed MessagePack" in r.json()["detail"]
+    raw = msgspec.json.decode(make_batch(1))
+    raw["samples"][2]["util"] = "busy"
+    r = client.post(
+        "/api/v1/ingest",
+        content=msgspec.msgpack.encode(raw),
+        headers={"Content-Type": "application/msgpack"},
+    )
+    assert r.status_code == 422 and "$.samples[2].util" in r.json()["detail"]
+    assert count(db_url, Sample) == 0 and count(db_url, IngestBatch) == 0
+
+
 def test_ingest_needs_a_valid_token(client: Any) -> None:
     r = client.post("/api/v1/ingest", content=make_batch(1), headers={"Authorization": ""})
     assert r.status_code == 401

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, func, select
 
+from tests.conftest import _truncate
 from tests.support import free_port
 from trainguard.backend.bench import ingest
 from trainguard.backend.models import IngestBatch, Sample
@@ -38,3 +39,37 @@ def test_a_paced_run_stores_every_sample_it_sent(tmp_path: Path) -> None:
     assert report["stored_of_sent"] == 1.0 and report["errors"] == 0
     assert report["stored_samples_per_s"] == report["offered_samples_per_s"] == 48
     assert (tmp_path / "r.json").read_text().startswith("{")
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_two_server_processes_store_every_msgpack_sample_and_report_each_process(
+    tmp_path: Path, pg_database: str
+) -> None:
+    _truncate(pg_database)
+    report = ingest.run(
+        nodes=8,
+        gpus=2,
+        duration=3.0,
+        period=0.5,
+        workers=2,
+        database_url=pg_database,
+        data_dir=tmp_path,
+        port=free_port(),
+        out_json=None,
+        batch_interval=1.0,
+        server_workers=2,
+        encoding="msgpack",
+    )
+    engine = create_engine(pg_database)
+    with engine.connect() as conn:
+        samples = conn.execute(select(func.count()).select_from(Sample)).scalar_one()
+    engine.dispose()
+    assert report["errors"] == 0 and report["batches_sent"] == report["batches_ok"] == 24
+    assert report["stored_samples"] == samples == 24 * 2 * 2
+    # The supervisor and its two workers, each measured; the two generators too.
+    assert len(report["backend_cpu_pct_by_process"]) == 3
+    assert len(report["backend_rss_mib_by_process"]) == 3
+    assert report["backend_rss_mib"] == pytest.approx(sum(report["backend_rss_mib_by_process"]))
+    assert len(report["load_generator_cpu_cores_by_process"]) == 2
+    assert report["raw_copy_rows_per_s"] > 0 and report["raw_copy_into_samples_rows_per_s"] > 0
