@@ -15,6 +15,7 @@ period.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import shutil
@@ -37,6 +38,9 @@ STEP_SLEEP_S = 0.2
 FAULTS = 5
 FAULT_AFTER_STEP = 50
 FAULT_MIN_GAP = 100
+# Each simulated node runs this many ranks (demojob.launch), and keeps as many warm
+# interpreters in its pool.
+RANKS_PER_NODE = 2
 # ft_launcher's restart budget per run: room for every fault to cost a launcher restart,
 # twice (an escalation), so a run ends by finishing, not by running out of restarts.
 MAX_RESTARTS = 2 * FAULTS
@@ -179,6 +183,9 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
                             name,
                             "--simulate",
                             str(gpus),
+                            # Warm interpreters for its workers: a launcher restart's new
+                            # generation is forked from them (agent/worker/).
+                            *(["--pool", str(RANKS_PER_NODE)] if store_port else []),
                         ),
                         env=agent_env,
                         stdout=agent_log,
@@ -231,12 +238,12 @@ def _store_port() -> int | None:
 
 
 def _train_missing() -> str | None:
-    """Why the demo job cannot run here (the train extra is not installed), or None."""
-    try:
-        import nvidia_resiliency_ext  # noqa: F401 - imported to check it is installed
-        import torch  # noqa: F401 - imported to check it is installed
-    except ImportError as exc:
-        return str(exc)
+    """Why the demo job cannot run here (the train extra is not installed), or None.
+    Looked up, not imported: importing torch here would cost the demo seconds and print
+    its import-time warnings; the job's own processes import it."""
+    for module in ("torch", "nvidia_resiliency_ext"):
+        if importlib.util.find_spec(module) is None:
+            return f"No module named {module!r}"
     return None
 
 
@@ -256,7 +263,8 @@ def _start_job(
     started = _launch_job(data_dir, store_port, sockets, env, 1)
     procs.extend(started)
     return (
-        f"'demo-1', {len(started)} ft_launchers x 2 ranks, steps of {STEP_SLEEP_S:g} s, "
+        f"'demo-1', {len(started)} ft_launchers x {RANKS_PER_NODE} ranks (from warm pools), "
+        f"steps of {STEP_SLEEP_S:g} s, "
         f"{FAULTS} seeded faults (seed 42) from step {FAULT_AFTER_STEP} on, a new run when "
         f"one ends (logs in {data_dir / 'job-1'})"
     )
@@ -279,7 +287,9 @@ def _launch_job(
         fault_after_step=FAULT_AFTER_STEP,
         fault_min_gap=FAULT_MIN_GAP,
         env=env,
+        nproc_per_node=RANKS_PER_NODE,
         extra_args=["--gloo-timeout", str(GLOO_TIMEOUT_S)],
+        shim=True,
     )
 
 
