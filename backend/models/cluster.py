@@ -107,7 +107,11 @@ class Sample(Base):
     __table_args__ = (Index("ix_samples_gpu_ts", "gpu_id", "ts"), Index("ix_samples_ts", "ts"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
+    # gpus.id, without a foreign key: checking one per row was half of PostgreSQL's work
+    # per stored sample (docs/benchmarks.md, "Where the time went"). Every gpu_id comes
+    # from the ingest writer, which resolves it from the gpus table in the same
+    # transaction, and nothing deletes a GPU; retention deletes samples by age.
+    gpu_id: Mapped[int] = mapped_column(Integer)
     ts: Mapped[float] = mapped_column(Float)
     util: Mapped[float | None] = mapped_column(REAL)
     mem_util: Mapped[float | None] = mapped_column(REAL)
