@@ -3,7 +3,10 @@ scripts, and the real app on top of it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,26 +26,50 @@ PG_URL = os.environ.get(
 )
 
 
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
-    """A database of its own for this test session, created from the server's `test` db."""
+@contextlib.contextmanager
+def scratch_pg_database(
+    prefix: str, needed_for: str, migrate: Callable[[str], None] = db.upgrade
+) -> Iterator[str]:
+    """A database of its own, created from the server's `test` database, migrated by
+    `migrate` (its URL), and dropped afterwards (its connections closed first)."""
     admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    name = f"tg_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:  # CI has PostgreSQL; say so loudly if it is missing
-        pytest.fail(f"PostgreSQL at {PG_URL} is required for the postgres tests: {exc}")
+        pytest.fail(f"PostgreSQL at {PG_URL} is required for {needed_for}: {exc}")
     url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    db.upgrade(url)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-            {"n": name},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    try:
+        migrate(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+                {"n": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+def cli_upgrade(url: str) -> None:
+    """Migrate by the real `trainguard db upgrade`, in a process of its own."""
+    up = subprocess.run(
+        [sys.executable, "-m", "trainguard.agent.cli", "db", "upgrade", "--database-url", url],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert up.returncode == 0, up.stderr
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A database of its own for this test session."""
+    with scratch_pg_database("tg_test", "the postgres tests") as url:
+        yield url
 
 
 def _truncate(url: str) -> None:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,9 +18,8 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 from sqlalchemy import create_engine, func, select, text
-from sqlalchemy.engine import make_url
 
-from tests.conftest import PG_URL
+from tests.conftest import cli_upgrade, scratch_pg_database
 from tests.support import AUTH, TOKEN, free_port, stop_session, wait_for
 from trainguard.backend.engine.leader import ENGINE_LOCK_KEY
 from trainguard.backend.models import IngestBatch, Sample
@@ -35,30 +33,8 @@ WORKERS = 2
 
 @pytest.fixture(scope="module")
 def workers_db() -> Iterator[str]:
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    name = f"tg_workers_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        pytest.fail(f"PostgreSQL at {PG_URL} is required for the workers test: {exc}")
-    url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    up = subprocess.run(
-        [sys.executable, "-m", "trainguard.agent.cli", "db", "upgrade", "--database-url", url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert up.returncode == 0, up.stderr
-    yield url
-    with admin.connect() as conn:
-        conn.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-            {"n": name},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    with scratch_pg_database("tg_workers", "the workers test", cli_upgrade) as url:
+        yield url
 
 
 class Served(NamedTuple):

@@ -27,9 +27,8 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
-from tests.conftest import PG_URL
+from tests.conftest import cli_upgrade, scratch_pg_database
 from tests.support import AUTH, TOKEN, free_port, wait_for
 from trainguard.protocol import wire
 
@@ -41,32 +40,9 @@ NODES = {"n1": (0, 1), "n2": (2, 3)}  # node -> global ranks of job-1
 
 @pytest.fixture(scope="module")
 def replica_db() -> Iterator[str]:
-    """A database of this module's own, created from the server's `test` database and
-    migrated by the real `trainguard db upgrade`."""
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    name = f"tg_replicas_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        pytest.fail(f"PostgreSQL at {PG_URL} is required for the replica test: {exc}")
-    url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    up = subprocess.run(
-        [sys.executable, "-m", "trainguard.agent.cli", "db", "upgrade", "--database-url", url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert up.returncode == 0, up.stderr
-    yield url
-    with admin.connect() as conn:
-        conn.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-            {"n": name},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    """A database of this module's own, migrated by the real `trainguard db upgrade`."""
+    with scratch_pg_database("tg_replicas", "the replica test", cli_upgrade) as url:
+        yield url
 
 
 class Replica:
