@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.backend.bench.common import rss_cpu
+
 TOKEN = "bench-token-0123456789abcdef"
 
 _RANK = """
@@ -36,15 +38,6 @@ while time.monotonic() < end:
     n += 1
 tg.finished()
 """
-
-
-def _proc_cpu_rss(pid: int) -> tuple[float, float]:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    with open(f"/proc/{pid}/status") as f:
-        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-    return cpu, rss
 
 
 def hook_cost_us(socket_path: str, steps: int = 50_000, repeats: int = 5) -> float:
@@ -137,10 +130,10 @@ def run(
             )
         time.sleep(warmup)  # imports done, steady state reached
         pool0 = _pool_usage(pool_path_for(sock), query) if pool else None
-        cpu0, rss0 = _proc_cpu_rss(agent.pid)
+        rss0, cpu0 = rss_cpu(agent.pid)
         t0 = time.monotonic()
         time.sleep(duration)
-        cpu1, rss1 = _proc_cpu_rss(agent.pid)
+        rss1, cpu1 = rss_cpu(agent.pid)
         elapsed = time.monotonic() - t0
         pool1 = _pool_usage(pool_path_for(sock), query) if pool else None
         with_agent = hook_cost_us(sock)

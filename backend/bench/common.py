@@ -1,7 +1,9 @@
-"""What several benchmarks share: a fresh database at the head migration."""
+"""What several benchmarks share: a fresh database at the head migration, a process's
+resident memory and CPU time."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -18,3 +20,13 @@ def fresh_database(data_dir: Path, database_url: str | None, filename: str) -> s
             Path(url.split("///", 1)[1] + suffix).unlink(missing_ok=True)
     db.upgrade(url)
     return url
+
+
+def rss_cpu(pid: int) -> tuple[float, float]:
+    """A live process's resident memory (MiB) and user + system CPU time (s) so far."""
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return rss, cpu

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.backend.bench.common import rss_cpu
+
 TOKEN = "bench-token-0123456789abcdef"
 
 
@@ -174,15 +176,6 @@ def _gen_worker(
         )
 
     asyncio.run(main())
-
-
-def _rss_cpu(pid: int) -> tuple[float, float]:
-    with open(f"/proc/{pid}/status") as f:
-        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return rss, cpu
 
 
 def server_pids(pid: int) -> list[int]:
@@ -386,7 +379,7 @@ def run(
             )
             for w in range(workers)
         ]
-        rss_cpu0 = [_rss_cpu(p) for p in pids]
+        rss_cpu0 = [rss_cpu(p) for p in pids]
         cpu0 = [c for _, c in rss_cpu0]
         busy0, pg0 = _machine_busy(), _postgres_cpu()
         t0 = time.monotonic()
@@ -396,7 +389,7 @@ def run(
         for p in procs:
             p.join()
         elapsed = time.monotonic() - t0
-        rss_cpu1 = [_rss_cpu(p) for p in pids]
+        rss_cpu1 = [rss_cpu(p) for p in pids]
         busy1, pg1 = _machine_busy(), _postgres_cpu()
     finally:
         server.terminate()

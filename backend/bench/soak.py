@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.backend.bench.common import rss_cpu
 from trainguard.backend.bench.ingest import (
     TOKEN,
     _count,
     _gen_worker,
-    _rss_cpu,
     server_pids,
     wait_workers,
 )
@@ -138,7 +138,7 @@ def run(
             )
             for w in range(workers if nodes else 0)
         ]
-        cpu0 = sum(_rss_cpu(p)[1] for p in pids)
+        cpu0 = sum(rss_cpu(p)[1] for p in pids)
         t0 = time.monotonic()
         for g in gens:
             g.start()
@@ -151,8 +151,8 @@ def run(
             series.append(
                 {
                     "t": round(now - t0, 1),
-                    "backend_mib": round(sum(_rss_cpu(p)[0] for p in pids), 1),
-                    "agents_mib": [round(_rss_cpu(a.pid)[0], 1) for a in agent_procs],
+                    "backend_mib": round(sum(rss_cpu(p)[0] for p in pids), 1),
+                    "agents_mib": [round(rss_cpu(a.pid)[0], 1) for a in agent_procs],
                 }
             )
             next_t += every_s
@@ -161,7 +161,7 @@ def run(
         for g in gens:
             g.join()
         elapsed = time.monotonic() - t0
-        cpu1 = sum(_rss_cpu(p)[1] for p in pids)
+        cpu1 = sum(rss_cpu(p)[1] for p in pids)
     finally:
         for p in (*agent_procs, server):
             p.terminate()
