@@ -51,6 +51,7 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     404: "no such resource",
     409: "conflicts with the resource's current state",
     413: "body too large",
+    415: "unsupported Content-Type",
     422: "invalid input; the message names the field",
     429: "too many operator actions by this principal; see Retry-After",
     503: "database unavailable; retry (see Retry-After)",

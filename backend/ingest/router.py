@@ -92,16 +92,14 @@ def _batch_schema() -> dict[str, Any]:
             401,
             403,
             413,
+            415,
             422,
             503,
             _400="malformed JSON; nothing was stored",
             _403="not an agent token, or bound to another node",
+            _415="a Content-Type other than JSON or MessagePack; nothing was stored",
             _422="invalid batch; nothing was stored; the message names the field",
         ),
-        415: {
-            "description": "a Content-Type other than JSON or MessagePack; nothing was stored",
-            "content": errors.responses(400)[400]["content"],
-        },
     },
 )
 async def ingest(request: Request) -> Response:
