@@ -185,7 +185,9 @@ def test_sigterm_to_the_shim_reaches_the_worker(
         """
         import os, signal, sys, time
         def on_term(signum, frame):
-            print("got SIGTERM", flush=True)
+            # os.write, not print: the signal may land while the main code is still
+            # inside print("ready"), and a buffered write cannot be re-entered.
+            os.write(1, b"got SIGTERM\\n")
             sys.exit(3)
         signal.signal(signal.SIGTERM, on_term)
         print("ready", os.getpid(), flush=True)
