@@ -440,7 +440,8 @@ def run(
         "backend_cpu_pct_by_process": [
             round(100 * (c1 - c0) / elapsed, 1) for (_, c1), c0 in zip(rss_cpu1, cpu0, strict=True)
         ],
-        "backend_rss_mib": round(sum(r for r, _ in rss_cpu1), 1),
+        # The total is the sum of the figures listed per process, so the two agree.
+        "backend_rss_mib": round(sum(round(r, 1) for r, _ in rss_cpu1), 1),
         "backend_rss_mib_by_process": [round(r, 1) for r, _ in rss_cpu1],
         # What the nodes cost: the RSS at the end over the idle server's before the load.
         "backend_rss_mib_idle": round(sum(r for r, _ in rss_cpu0), 1),
