@@ -63,6 +63,11 @@ def _upsert_tail() -> str:
 _COLS = ("gpu_id", "width_s", "bucket", "n", "ts", *_MEAN, "util_max", "temp_max", *_MAX)
 
 
+# Raw samples older than the cutoff, GPU by GPU through ix_samples_gpu_ts (samples have no
+# index on ts alone: migration 0009). Each GPU's oldest stretch is one short range scan.
+_RAW_BEFORE_CUTOFF = "samples WHERE gpu_id IN (SELECT id FROM gpus) AND ts < :cutoff"
+
+
 def _fold_raw_sql(dialect: str) -> str:
     w = _window(dialect, "ts", 60)
     means = ", ".join(f"AVG({c})" for c in _MEAN)
@@ -70,7 +75,7 @@ def _fold_raw_sql(dialect: str) -> str:
     return (
         f"INSERT INTO sample_rollups ({', '.join(_COLS)}) "
         f"SELECT gpu_id, 60, {w}, COUNT(*), AVG(ts), {means}, MAX(util), MAX(temp_c), {maxes} "
-        f"FROM samples WHERE ts < :cutoff GROUP BY gpu_id, {w} " + _upsert_tail()
+        f"FROM {_RAW_BEFORE_CUTOFF} GROUP BY gpu_id, {w} " + _upsert_tail()
     )
 
 
@@ -110,7 +115,9 @@ class Retention:
                 if not got:
                     return {"skipped": "another replica is pruning"}
             conn.execute(text(_fold_raw_sql(self.dialect)), {"cutoff": raw_cut})
-            raw = conn.execute(text("DELETE FROM samples WHERE ts < :c"), {"c": raw_cut}).rowcount
+            raw = conn.execute(
+                text(f"DELETE FROM {_RAW_BEFORE_CUTOFF}"), {"cutoff": raw_cut}
+            ).rowcount
             conn.execute(text(_fold_60_sql(self.dialect)), {"cutoff": cut_60})
             r60 = conn.execute(
                 text("DELETE FROM sample_rollups WHERE width_s = 60 AND bucket < :c"),

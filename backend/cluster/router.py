@@ -64,8 +64,7 @@ def list_nodes(request: Request, session: SessionDep, _: ViewerDep) -> list[Node
 def get_node(node: NodeName, request: Request, session: SessionDep, _: ViewerDep) -> NodeDetail:
     n = service.get_node(session, node)
     gpus = service.node_gpus(session, n)
-    lost = sum(1 for g in gpus if g["lost"])
-    out = service.node_dict(n, len(gpus), time.time(), _down_after(request), lost)
+    out = service.node_dict(n, len(gpus), time.time(), _down_after(request))
     out.update(service.cordon_info(session, [n.id], _repair(request)).get(n.id, {}))
     out["gpus"] = gpus
     return NodeDetail.model_validate(out)

@@ -34,8 +34,8 @@ class Node(BaseModel):
     last_seen: float
     gpu_count: int
     gpus_lost: int = Field(
-        description="GPUs whose latest sample has no reading at all: fell off the bus "
-        "(XID 79) or lost by the driver"
+        description="GPUs whose latest sample in the node's last batch has no reading at "
+        "all: fell off the bus (XID 79) or lost by the driver"
     )
     clock_offset_s: float | None
     util_avg: float | None

@@ -36,32 +36,30 @@ _COUNTERS = {
 }
 
 
-def node_status(node: Any, now: float, down_after_s: float, gpus_lost: int = 0) -> str:
+def node_status(node: Any, now: float, down_after_s: float) -> str:
     if node.cordoned:
         return "cordoned"
     age = now - node.last_seen
     if age > down_after_s:
         return "down"
-    if age > down_after_s / 3 or gpus_lost:
+    if age > down_after_s / 3 or node.gpus_lost:
         return "degraded"
     if node.last_xid_at is not None and now - node.last_xid_at < XID_DEGRADES_FOR_S:
         return "degraded"
     return "healthy"
 
 
-def node_dict(
-    node: Any, gpu_count: int, now: float, down_after_s: float, gpus_lost: int = 0
-) -> dict[str, Any]:
+def node_dict(node: Any, gpu_count: int, now: float, down_after_s: float) -> dict[str, Any]:
     """`node` is a Node or a row of the nodes table (same attribute names)."""
     return {
         "name": node.name,
-        "status": node_status(node, now, down_after_s, gpus_lost),
+        "status": node_status(node, now, down_after_s),
         "simulated": node.simulated,
         "cordoned": node.cordoned,
         "first_seen": node.first_seen,
         "last_seen": node.last_seen,
         "gpu_count": gpu_count,
-        "gpus_lost": gpus_lost,
+        "gpus_lost": node.gpus_lost,
         "clock_offset_s": node.clock_offset_s,
         "util_avg": node.util_avg,
         "temp_max": node.temp_max,
@@ -80,41 +78,12 @@ def list_nodes(
     # Plain rows (no ORM identity map): this is the overview's read at 2,048+ nodes.
     nodes = session.execute(select(*Node.__table__.c).order_by(Node.name)).all()
     info = cordon_info(session, None, repair, now)
-    lost = lost_gpu_counts(session)
     out = []
     for n in nodes:
-        d = node_dict(n, counts.get(n.id, 0), now, down_after_s, lost.get(n.id, 0))
+        d = node_dict(n, counts.get(n.id, 0), now, down_after_s)
         d.update(info.get(n.id, {}))
         out.append(d)
     return out
-
-
-def _no_reading() -> Any:
-    """A sample row with every reading missing: NVML answers nothing for a GPU that fell
-    off the bus (XID 79, NVML_ERROR_GPU_IS_LOST), and the agent still sends the sample."""
-    return and_(*(getattr(Sample, f).is_(None) for f in SAMPLE_READINGS))
-
-
-def lost_gpu_counts(session: Session, node_ids: list[int] | None = None) -> dict[int, int]:
-    """Per node, its GPUs whose latest sample has no reading at all (nodes with none are
-    left out). One index probe per GPU (ix_samples_gpu_ts) for its latest sample."""
-    latest = (
-        select(Sample.id)
-        .where(Sample.gpu_id == Gpu.id)
-        .order_by(Sample.ts.desc())
-        .limit(1)
-        .correlate(Gpu)
-        .scalar_subquery()
-    )
-    q = (
-        select(Gpu.node_id, func.count())
-        .join(Sample, Sample.id == latest)
-        .where(_no_reading())
-        .group_by(Gpu.node_id)
-    )
-    if node_ids is not None:
-        q = q.where(Gpu.node_id.in_(node_ids))
-    return {nid: int(n) for nid, n in session.execute(q).all()}
 
 
 def gpu_lost(latest: Any) -> bool:

@@ -61,6 +61,18 @@ def _pg_type(col: str) -> str:
 
 _PG_TYPES = [_pg_type(c) for c in SAMPLE_COLUMNS]
 _SAMPLE_FIELDS = attrgetter(*SAMPLE_COLUMNS[1:])  # a wire sample's values, column order
+_READINGS = attrgetter(*SAMPLE_READINGS)
+_NO_READING = (None,) * len(SAMPLE_READINGS)
+_TS = attrgetter("ts")
+
+
+def _lost_gpus(samples: list[Any]) -> int:
+    """GPUs whose latest sample in the batch has no reading at all: NVML answers nothing
+    for a GPU that fell off the bus (XID 79), and the agent still sends the sample."""
+    # Sorted by time (a no-op pass for an agent's batch, which is in time order), the last
+    # of each GPU is its latest.
+    latest = {s.uuid: s for s in sorted(samples, key=_TS)}
+    return sum(1 for s in latest.values() if _READINGS(s) == _NO_READING)
 
 
 # PostgreSQL: the group's batch keys and node updates as one statement each, arrays in
@@ -82,6 +94,7 @@ _PG_UPDATE_NODES_ARGS = (
     "has_samples",
     "util_avg",
     "temp_max",
+    "gpus_lost",
     "last_xid_at",
 )
 _PG_UPDATE_NODES = """
@@ -92,11 +105,12 @@ UPDATE nodes AS n SET
     simulated = v.simulated,
     util_avg = CASE WHEN v.has_samples THEN v.util_avg ELSE n.util_avg END,
     temp_max = CASE WHEN v.has_samples THEN v.temp_max ELSE n.temp_max END,
+    gpus_lost = CASE WHEN v.has_samples THEN v.gpus_lost ELSE n.gpus_lost END,
     last_xid_at = COALESCE(v.last_xid_at, n.last_xid_at)
 FROM unnest(%s::int4[], %s::float8[], %s::text[], %s::float8[], %s::bool[], %s::bool[],
-            %s::float8[], %s::float8[], %s::float8[])
+            %s::float8[], %s::float8[], %s::int4[], %s::float8[])
     AS v(id, last_seen, agent_id, clock_offset_s, simulated, has_samples, util_avg,
-         temp_max, last_xid_at)
+         temp_max, gpus_lost, last_xid_at)
 WHERE n.id = v.id
 """
 
@@ -283,6 +297,7 @@ class BulkStatements:
             if b.samples:
                 row["util_avg"] = sum(utils) / len(utils) if utils else None
                 row["temp_max"] = max(temps) if temps else None
+                row["gpus_lost"] = _lost_gpus(b.samples)
             xids = [e.ts for e in b.events if e.kind in ("xid", "gpu_lost")]
             if xids:
                 row["last_xid_at"] = max(xids)

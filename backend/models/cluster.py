@@ -36,6 +36,8 @@ class Node(Base):
     # Summary of the last batch's samples, so the overview needs no scan of samples.
     util_avg: Mapped[float | None] = mapped_column(Float)
     temp_max: Mapped[float | None] = mapped_column(Float)
+    # GPUs of that batch whose latest sample has no reading at all (fallen off the bus).
+    gpus_lost: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_xid_at: Mapped[float | None] = mapped_column(Float)
 
     gpus: Mapped[list[Gpu]] = relationship(back_populates="node", lazy="raise")
@@ -104,9 +106,14 @@ class Sample(Base):
     """GPU readings at one instant (raw; bounded retention)."""
 
     __tablename__ = "samples"
-    __table_args__ = (Index("ix_samples_gpu_ts", "gpu_id", "ts"), Index("ix_samples_ts", "ts"))
+    # One index, (gpu_id, ts): every read is one GPU's window or latest sample, and the
+    # retention pruner walks it GPU by GPU. No surrogate id and no index on ts alone: each
+    # of them cost PostgreSQL as much per stored sample as the heap row itself (migration
+    # 0009, docs/benchmarks.md). The mapper's key is (gpu_id, ts); the table has none, so
+    # two readings of one GPU at one instant are both kept, as they were before.
+    __table_args__ = (Index("ix_samples_gpu_ts", "gpu_id", "ts"),)
+    __mapper_args__ = {"primary_key": ["gpu_id", "ts"]}
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     # gpus.id, without a foreign key: checking one per row was half of PostgreSQL's work
     # per stored sample (docs/benchmarks.md, "Where the time went"). Every gpu_id comes
     # from the ingest writer, which resolves it from the gpus table in the same

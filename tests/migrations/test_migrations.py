@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from trainguard.backend import db
 from trainguard.backend.models import Base
@@ -39,3 +39,45 @@ def test_models_match_migrations(db_url: str) -> None:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     engine.dispose()
     assert diff == [], f"models and migrations differ; write a migration: {diff}"
+
+
+def test_0009_keeps_samples_and_fills_gpus_lost(db_url: str) -> None:
+    """Samples survive losing their id and ts index, and each node's lost GPUs are counted
+    from their latest samples: n1's GPU 1 fell off the bus (its latest sample has no
+    reading, an earlier one had), n2's GPUs are fine; and back down again."""
+    db.downgrade(db_url, "0008")
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO nodes (id, name, simulated, cordoned, first_seen, last_seen) "
+                "VALUES (1, 'n1', false, false, 0, 0), (2, 'n2', false, false, 0, 0)"
+            )
+        )
+        conn.execute(
+            text(
+                'INSERT INTO gpus (id, node_id, uuid, "index", name, pci_bus_id, simulated) '
+                "VALUES (1, 1, 'G1', 0, '', '', false), (2, 1, 'G2', 1, '', '', false), "
+                "(3, 2, 'G3', 0, '', '', false)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO samples (gpu_id, ts, util) VALUES "
+                "(1, 1, 50), (1, 2, 50), (2, 1, 50), (2, 2, NULL), (3, 2, NULL), (3, 3, 10)"
+            )
+        )
+    db.upgrade(db_url)
+    with engine.connect() as conn:
+        lost = dict(conn.execute(text("SELECT name, gpus_lost FROM nodes")).all())
+        kept = conn.execute(text("SELECT gpu_id, ts FROM samples ORDER BY gpu_id, ts")).all()
+    assert lost == {"n1": 1, "n2": 0}
+    assert [tuple(r) for r in kept] == [(1, 1), (1, 2), (2, 1), (2, 2), (3, 2), (3, 3)]
+    assert {c["name"] for c in inspect(engine).get_columns("samples")} >= {"gpu_id", "ts"}
+    assert "id" not in {c["name"] for c in inspect(engine).get_columns("samples")}
+    db.downgrade(db_url, "0008")
+    with engine.connect() as conn:
+        ids = conn.execute(text("SELECT id FROM samples ORDER BY id")).scalars().all()
+    engine.dispose()
+    assert len(ids) == 6 and len(set(ids)) == 6  # every sample numbered again
+    db.upgrade(db_url)
