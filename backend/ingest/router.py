@@ -37,13 +37,28 @@ _MAX_FUTURE_S = 24 * 3600.0  # timestamps more than this ahead of the server are
 _MAX_PAST_S = 7 * 24 * 3600.0
 _INT32 = 2**31 - 1
 _INT64 = 2**63 - 1
-# Sample readings stored in 32-bit columns (binary COPY would wrap larger values silently).
-_INT32_READINGS = tuple(
-    c
-    for c in SAMPLE_READINGS
-    if isinstance(Sample.__table__.c[c].type, Integer)
-    and not isinstance(Sample.__table__.c[c].type, BigInteger)
-)
+
+
+def _int32_readings_to_check() -> tuple[str, ...]:
+    """Sample readings stored in 32-bit columns (binary COPY would wrap larger values
+    silently) whose wire type does not cap them at that already: those the decoder
+    bounds (wire.Count32) cost no second pass over every sample. None today."""
+    fields = {f.name: f.type for f in msgspec.inspect.type_info(wire.GpuSample).fields}  # type: ignore[attr-defined]
+
+    def capped(t: Any) -> bool:
+        ints = [u for u in getattr(t, "types", (t,)) if isinstance(u, msgspec.inspect.IntType)]
+        return bool(ints) and all(u.le is not None and u.le <= _INT32 for u in ints)
+
+    return tuple(
+        c
+        for c in SAMPLE_READINGS
+        if isinstance(Sample.__table__.c[c].type, Integer)
+        and not isinstance(Sample.__table__.c[c].type, BigInteger)
+        and not capped(fields[c])
+    )
+
+
+_INT32_READINGS = _int32_readings_to_check()
 
 
 def _batch_schema() -> dict[str, Any]:
@@ -62,8 +77,8 @@ def _batch_schema() -> dict[str, Any]:
     schema["description"] = (
         f"Every timestamp (sent_at, samples[].ts, events[].ts, steps[].start/end, "
         f"ranks[].last_heartbeat) must lie {window}; integers stored in 32-bit columns "
-        f"(steps[].step/attempt/iteration, ranks[].pid/attempt/iteration/last_step, "
-        f"{', '.join(f'samples[].{c}' for c in _INT32_READINGS)}) at most {_INT32}; "
+        f"(steps[].step/attempt/iteration, ranks[].pid/attempt/iteration/last_step"
+        f"{''.join(f', samples[].{c}' for c in _INT32_READINGS)}) at most {_INT32}; "
         "the body at most TRAINGUARD_MAX_BODY_BYTES."
     )
     return schema
@@ -228,7 +243,7 @@ def _check_batch(batch: wire.Batch, now: float) -> None:
         if min(stamps) < lo or max(stamps) > hi:
             i = next(i for i, t in enumerate(stamps) if not lo <= t <= hi)
             ts(stamps[i], f"$.samples[{i}].ts")
-        for f in _INT32_READINGS:
+        for f in _INT32_READINGS:  # none while the wire bounds them all
             values = [getattr(s, f) or 0 for s in samples]
             if max(values) > _INT32:
                 i = next(i for i, v in enumerate(values) if v > _INT32)
