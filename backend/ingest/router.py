@@ -10,7 +10,6 @@ OpenAPI document and calls the same handler."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -180,9 +179,8 @@ async def handle(request: Request) -> Response:
     check_node(principal, batch.node)
     received_at = time.time()
     _check_batch(batch, received_at)
-    future = request.app.state.writer.submit(batch, received_at)
     try:
-        result = await asyncio.wrap_future(future)
+        result = await request.app.state.writer.submit_async(batch, received_at)
     except BatchRefused as exc:
         raise HTTPException(422, f"invalid batch: the database refused it: {exc}") from None
     except DatabaseUnavailable:

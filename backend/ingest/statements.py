@@ -7,8 +7,9 @@ between transactions.
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
@@ -148,9 +149,13 @@ RETURNING id, uuid
 
 @dataclass
 class _Item:
+    """A batch waiting for its group commit, and who waits for it: a thread (`future`,
+    IngestWriter.submit) or a coroutine on an event loop (`waiter`, submit_async)."""
+
     batch: Batch
     received_at: float
-    future: Future[IngestResult] = field(default_factory=Future)
+    future: Future[IngestResult] | None = None
+    waiter: asyncio.Future[IngestResult] | None = None
 
 
 @dataclass

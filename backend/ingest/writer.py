@@ -14,6 +14,7 @@ are stored.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import queue
@@ -73,6 +74,35 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
+def _settle(outcomes: list[tuple[_Item, IngestResult | Exception]]) -> None:
+    """Hands each batch its result or error: a thread's future at once, the waiters of
+    an event loop in one call into that loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Item, IngestResult | Exception]]] = {}
+    for item, outcome in outcomes:
+        if item.waiter is not None:
+            by_loop.setdefault(item.waiter.get_loop(), []).append((item, outcome))
+        elif item.future is not None:
+            if isinstance(outcome, Exception):
+                item.future.set_exception(outcome)
+            else:
+                item.future.set_result(outcome)
+    for loop, mine in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_resolve_waiters, mine)
+
+
+def _resolve_waiters(outcomes: list[tuple[_Item, IngestResult | Exception]]) -> None:
+    """On the waiters' loop. A waiter already done was cancelled: its client went away."""
+    for item, outcome in outcomes:
+        waiter = item.waiter
+        if waiter is None or waiter.done():
+            continue
+        if isinstance(outcome, Exception):
+            waiter.set_exception(outcome)
+        else:
+            waiter.set_result(outcome)
+
+
 class IngestWriter(BulkStatements):
     def __init__(
         self,
@@ -115,9 +145,19 @@ class IngestWriter(BulkStatements):
             self._drop_connection()
 
     def submit(self, batch: Batch, received_at: float) -> Future[IngestResult]:
-        item = _Item(batch, received_at)
-        self._q.put(item)
-        return item.future
+        """For a thread: the batch's future, resolved once its group is stored."""
+        future: Future[IngestResult] = Future()
+        self._q.put(_Item(batch, received_at, future=future))
+        return future
+
+    def submit_async(self, batch: Batch, received_at: float) -> asyncio.Future[IngestResult]:
+        """For a coroutine (the ingest route): an awaitable of the running loop. The writer
+        resolves a group's waiters with one call into their loop; a concurrent Future per
+        batch, wrapped for the loop, cost a wake-up of the loop per batch (62 us of the
+        loop's time per batch, against 0.2 us)."""
+        waiter: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
+        self._q.put(_Item(batch, received_at, waiter=waiter))
+        return waiter
 
     # --- the thread ------------------------------------------------------------------
 
@@ -228,12 +268,10 @@ class IngestWriter(BulkStatements):
                     exc,
                     exc_info=not _unreachable(exc),
                 )
-            for item in group:
-                item.future.set_exception(error)
+            _settle([(item, error) for item in group])
             return
         self.stats["transactions"] += 1
-        for item, result in zip(group, results, strict=True):
-            item.future.set_result(result)
+        _settle(list(zip(group, results, strict=True)))
         if self.on_stored and stored.batches:
             try:
                 self.on_stored(stored)

@@ -281,6 +281,41 @@ def test_evidence_in_a_busy_group_is_stored_first_in_its_own_transaction(db_url:
     assert count(db_url, Sample) == 88
 
 
+def test_a_group_answers_every_waiting_coroutine_even_when_one_gave_up(db_url: str) -> None:
+    """submit_async: the writer hands a group's results to their event loop in one call.
+    A waiter cancelled meanwhile (its client went away) is skipped: the batch is stored
+    all the same, and the others in the group still get their answers."""
+    import asyncio
+
+    from trainguard.backend import db
+    from trainguard.backend.ingest.writer import IngestWriter
+
+    engine = db.make_engine(db_url)
+    writer = IngestWriter(engine)
+
+    async def main() -> list[Any]:
+        batches = [wire.decode_batch(make_batch(seq)) for seq in range(1, 6)]
+        waiters = [writer.submit_async(b, time.time()) for b in batches]
+        waiters[2].cancel()
+        writer.start()  # everything is queued already: one group
+        return await asyncio.gather(*waiters, return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        writer.stop()
+        engine.dispose()
+    assert isinstance(outcomes[2], asyncio.CancelledError)
+    answered = [o for i, o in enumerate(outcomes) if i != 2]
+    assert [(o.seq, o.duplicate, o.stored_samples) for o in answered] == [
+        (1, False, 8),
+        (2, False, 8),
+        (4, False, 8),
+        (5, False, 8),
+    ]
+    assert writer.stats["transactions"] == 1 and count(db_url, Sample) == 40
+
+
 def test_sqlite_counts_the_writes_waiting_for_its_lock_but_not_the_ingest_writers(
     tmp_path: Any,
 ) -> None:
