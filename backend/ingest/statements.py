@@ -389,12 +389,14 @@ class BulkStatements:
             self._gpu_ids[uuid] = gid
 
     def _insert_samples(self, conn: Connection, fresh: list[tuple[_Item, int]]) -> int:
-        gpu_ids, readings = self._gpu_ids, _SAMPLE_FIELDS
-        # attrgetter builds each row in C: 2.5x faster than a generator over the fields,
-        # and this loop holds the GIL the request handlers need.
-        rows = [(gpu_ids[s.uuid], *readings(s)) for it, _ in fresh for s in it.batch.samples]
-        if not rows:
+        n = sum(len(it.batch.samples) for it, _ in fresh)
+        if not n:
             return 0
+        gpu_ids, readings = self._gpu_ids, _SAMPLE_FIELDS
+        # Each row is made as it is written, never a list of them: a group's 16k+ rows held
+        # at once outlived young collections and were walked again by older ones (4.0 ->
+        # 2.8 us a row). attrgetter builds each row's readings in C.
+        rows = ((gpu_ids[s.uuid], *readings(s)) for it, _ in fresh for s in it.batch.samples)
         dbapi = conn.connection.driver_connection
         cols = ", ".join(SAMPLE_COLUMNS)
         if self._pg:
@@ -403,14 +405,15 @@ class BulkStatements:
                 cur.copy(f"COPY samples ({cols}) FROM STDIN (FORMAT BINARY)") as copy,
             ):
                 copy.set_types(_PG_TYPES)
+                write = copy.write_row
                 for r in rows:
-                    copy.write_row(r)
+                    write(r)
         else:
             marks = ", ".join("?" * len(SAMPLE_COLUMNS))
             cur = dbapi.cursor()  # type: ignore[union-attr]  # an open connection has a driver
             cur.executemany(f"INSERT INTO samples ({cols}) VALUES ({marks})", rows)
             cur.close()
-        return len(rows)
+        return n
 
     def _insert_events(
         self, conn: Connection, fresh: list[tuple[_Item, int]]
