@@ -118,6 +118,11 @@ class Retention:
             raw = conn.execute(
                 text(f"DELETE FROM {_RAW_BEFORE_CUTOFF}"), {"cutoff": raw_cut}
             ).rowcount
+            # A batch's key dedups a replay of it while its samples are raw; a replay
+            # older than that would only add to a window already folded.
+            keys = conn.execute(
+                text("DELETE FROM ingest_batches WHERE received_at < :c"), {"c": raw_cut}
+            ).rowcount
             conn.execute(text(_fold_60_sql(self.dialect)), {"cutoff": cut_60})
             r60 = conn.execute(
                 text("DELETE FROM sample_rollups WHERE width_s = 60 AND bucket < :c"),
@@ -130,10 +135,11 @@ class Retention:
         self.last = {
             "at": now,
             "raw_folded": raw,
+            "batch_keys_dropped": keys,
             "rollups_60_folded": r60,
             "rollups_900_dropped": r900,
         }
-        if raw or r60 or r900:
+        if raw or keys or r60 or r900:
             log.info("retention: %s", self.last)
         return self.last
 

@@ -187,9 +187,12 @@ class Event(Base):
 
 
 class IngestBatch(Base):
-    """One accepted batch; its key makes a replayed batch a no-op."""
+    """One accepted batch; its key makes a replayed batch a no-op. Kept as long as raw
+    samples (the retention pruner drops keys by received_at with the samples' window):
+    at 2,048 batches/s they were 177 M rows a day, never deleted."""
 
     __tablename__ = "ingest_batches"
+    __table_args__ = (Index("ix_ingest_batches_received_at", "received_at"),)
 
     node_id: Mapped[int] = mapped_column(
         ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
