@@ -8,11 +8,13 @@ between transactions.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+import msgspec
 from sqlalchemy import (
     REAL,
     BigInteger,
@@ -39,7 +41,7 @@ from trainguard.backend.models import (
     Sample,
     Step,
 )
-from trainguard.protocol.wire import Batch, IngestResult
+from trainguard.protocol.wire import Batch, GpuSample, IngestResult
 
 SAMPLE_COLUMNS = ("gpu_id", "ts", *SAMPLE_READINGS)
 
@@ -62,6 +64,12 @@ def _pg_type(col: str) -> str:
 
 _PG_TYPES = [_pg_type(c) for c in SAMPLE_COLUMNS]
 _SAMPLE_FIELDS = attrgetter(*SAMPLE_COLUMNS[1:])  # a wire sample's values, column order
+# A wire sample's fields are (uuid, ts, readings...) in the columns' order: a sample's row
+# is then its fields as a list with the uuid swapped for the GPU's id. msgspec copies the
+# fields out in C, 3x faster than attrgetter and a new tuple (330 vs 1,040 ns a row).
+ROWS_FROM_FIELDS = msgspec.structs.fields(GpuSample)[0].name == "uuid" and tuple(
+    f.name for f in msgspec.structs.fields(GpuSample)[1:]
+) == tuple(SAMPLE_COLUMNS[1:])
 _READINGS = attrgetter(*SAMPLE_READINGS)
 _NO_READING = (None,) * len(SAMPLE_READINGS)
 _TS = attrgetter("ts")
@@ -164,6 +172,22 @@ class Stored:
 
     batches: list[tuple[Batch, float]]
     events: list[dict[str, Any]]
+
+
+def _sample_rows(gpu_ids: dict[str, int], batches: list[Batch]) -> Iterator[Sequence[Any]]:
+    """The batches' samples as rows of SAMPLE_COLUMNS, one at a time."""
+    if ROWS_FROM_FIELDS:
+        fields = msgspec.structs.astuple
+        for b in batches:
+            for s in b.samples:
+                row = list(fields(s))
+                row[0] = gpu_ids[s.uuid]
+                yield row
+    else:  # the wire's field order no longer matches the columns'
+        readings = _SAMPLE_FIELDS
+        for b in batches:
+            for s in b.samples:
+                yield (gpu_ids[s.uuid], *readings(s))
 
 
 class BulkStatements:
@@ -392,11 +416,10 @@ class BulkStatements:
         n = sum(len(it.batch.samples) for it, _ in fresh)
         if not n:
             return 0
-        gpu_ids, readings = self._gpu_ids, _SAMPLE_FIELDS
         # Each row is made as it is written, never a list of them: a group's 16k+ rows held
         # at once outlived young collections and were walked again by older ones (4.0 ->
-        # 2.8 us a row). attrgetter builds each row's readings in C.
-        rows = ((gpu_ids[s.uuid], *readings(s)) for it, _ in fresh for s in it.batch.samples)
+        # 2.8 us a row).
+        rows = _sample_rows(self._gpu_ids, [it.batch for it, _ in fresh])
         dbapi = conn.connection.driver_connection
         cols = ", ".join(SAMPLE_COLUMNS)
         if self._pg:

@@ -281,6 +281,40 @@ def test_evidence_in_a_busy_group_is_stored_first_in_its_own_transaction(db_url:
     assert count(db_url, Sample) == 88
 
 
+def test_every_reading_is_stored_in_its_column(client: Any, db_url: str) -> None:
+    """Each wire field lands in the column of its name (the writer copies a sample's
+    fields in wire order, ROWS_FROM_FIELDS), missing readings as NULL."""
+    from trainguard.backend.ingest.statements import ROWS_FROM_FIELDS
+    from trainguard.backend.models import SAMPLE_READINGS
+
+    assert ROWS_FROM_FIELDS  # the wire's field order is the columns' (the fast rows)
+    now = time.time()
+    ints = {"clock_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "pcie_replay"}
+    ints |= {"remapped_correctable", "remapped_uncorrectable"}
+    full = {
+        f: (i % 2 == 0) if f.startswith("remap_") else (i + 1 if f in ints else i + 1.5)
+        for i, f in enumerate(SAMPLE_READINGS)
+    }
+    sent = [
+        wire.GpuSample(uuid="GPU-cols-0", ts=now, **full),
+        wire.GpuSample(uuid="GPU-cols-1", ts=now, util=7.0),
+    ]
+    batch = wire.Batch(node="cols", agent_id="agent000001", seq=1, sent_at=now, samples=sent)
+    assert client.post("/api/v1/ingest", content=wire.encode(batch)).status_code == 200
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(Sample.ts, *(getattr(Sample, f) for f in SAMPLE_READINGS)).order_by(
+                Sample.gpu_id
+            )
+        ).all()
+    engine.dispose()
+    assert [dict(r._mapping) for r in rows] == [
+        {"ts": now, **full},
+        {"ts": now, **{f: (7.0 if f == "util" else None) for f in SAMPLE_READINGS}},
+    ]
+
+
 def test_a_group_answers_every_waiting_coroutine_even_when_one_gave_up(db_url: str) -> None:
     """submit_async: the writer hands a group's results to their event loop in one call.
     A waiter cancelled meanwhile (its client went away) is skipped: the batch is stored
