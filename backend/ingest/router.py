@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 from fastapi import APIRouter, HTTPException, Request, Response
 from sqlalchemy import BigInteger, Integer
 from sqlalchemy.exc import OperationalError
@@ -42,7 +43,9 @@ def _int32_readings_to_check() -> tuple[str, ...]:
     """Sample readings stored in 32-bit columns (binary COPY would wrap larger values
     silently) whose wire type does not cap them at that already: those the decoder
     bounds (wire.Count32) cost no second pass over every sample. None today."""
-    fields = {f.name: f.type for f in msgspec.inspect.type_info(wire.GpuSample).fields}  # type: ignore[attr-defined]
+    info = msgspec.inspect.type_info(wire.GpuSample)
+    assert isinstance(info, msgspec.inspect.StructType)
+    fields = {f.name: f.type for f in info.fields}
 
     def capped(t: Any) -> bool:
         ints = [u for u in getattr(t, "types", (t,)) if isinstance(u, msgspec.inspect.IntType)]
