@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from trainguard.backend.cluster import cordons
 from trainguard.backend.errors import NotFound
-from trainguard.backend.models import SAMPLE_READINGS, Event, Gpu, Node, Sample
+from trainguard.backend.models import SAMPLE_READINGS, Event, Gpu, Node, Sample, no_reading
 from trainguard.backend.retention import rollup_rows
 
 XID_DEGRADES_FOR_S = 600.0
@@ -88,7 +88,7 @@ def list_nodes(
 
 def gpu_lost(latest: Any) -> bool:
     """A GPU is lost when its latest sample has no reading at all."""
-    return latest is not None and all(getattr(latest, f) is None for f in SAMPLE_READINGS)
+    return latest is not None and no_reading(latest)
 
 
 def cordon_info(

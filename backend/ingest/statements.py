@@ -40,6 +40,7 @@ from trainguard.backend.models import (
     Rank,
     Sample,
     Step,
+    no_reading,
 )
 from trainguard.protocol.wire import Batch, GpuSample, IngestResult
 
@@ -70,18 +71,15 @@ _SAMPLE_FIELDS = attrgetter(*SAMPLE_COLUMNS[1:])  # a wire sample's values, colu
 ROWS_FROM_FIELDS = msgspec.structs.fields(GpuSample)[0].name == "uuid" and tuple(
     f.name for f in msgspec.structs.fields(GpuSample)[1:]
 ) == tuple(SAMPLE_COLUMNS[1:])
-_READINGS = attrgetter(*SAMPLE_READINGS)
-_NO_READING = (None,) * len(SAMPLE_READINGS)
 _TS = attrgetter("ts")
 
 
 def _lost_gpus(samples: list[Any]) -> int:
-    """GPUs whose latest sample in the batch has no reading at all: NVML answers nothing
-    for a GPU that fell off the bus (XID 79), and the agent still sends the sample."""
+    """GPUs whose latest sample in the batch has no reading at all (models.no_reading)."""
     # Sorted by time (a no-op pass for an agent's batch, which is in time order), the last
     # of each GPU is its latest.
     latest = {s.uuid: s for s in sorted(samples, key=_TS)}
-    return sum(1 for s in latest.values() if _READINGS(s) == _NO_READING)
+    return sum(1 for s in latest.values() if no_reading(s))
 
 
 # PostgreSQL: the group's batch keys and node updates as one statement each, arrays in

@@ -11,6 +11,7 @@ from trainguard.backend.models.cluster import (
     NodeCordon,
     Sample,
     SampleRollup,
+    no_reading,
 )
 from trainguard.backend.models.control import AuditLog, Command, CommandAck, Incident
 from trainguard.backend.models.jobs import JOB_ENDED, JOB_STATES, Job, Rank, Step
@@ -37,4 +38,5 @@ __all__ = [
     "Sample",
     "SampleRollup",
     "Step",
+    "no_reading",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -100,6 +101,15 @@ SAMPLE_READINGS: tuple[str, ...] = (
     "remap_failure",
     "pcie_replay",
 )
+_READINGS = attrgetter(*SAMPLE_READINGS)
+_NO_READING = (None,) * len(SAMPLE_READINGS)
+
+
+def no_reading(sample: Any) -> bool:
+    """A sample (a wire GpuSample or a Sample row: same attribute names) with every
+    reading missing: NVML answers nothing for a GPU that fell off the bus (XID 79,
+    NVML_ERROR_GPU_IS_LOST), and the agent still sends the sample. Such a GPU is lost."""
+    return bool(_READINGS(sample) == _NO_READING)
 
 
 class Sample(Base):
