@@ -283,11 +283,12 @@ def test_evidence_in_a_busy_group_is_stored_first_in_its_own_transaction(db_url:
 
 def test_every_reading_is_stored_in_its_column(client: Any, db_url: str) -> None:
     """Each wire field lands in the column of its name (the writer copies a sample's
-    fields in wire order, ROWS_FROM_FIELDS), missing readings as NULL."""
-    from trainguard.backend.ingest.statements import ROWS_FROM_FIELDS
+    fields in wire order), missing readings as NULL."""
+    from trainguard.backend.ingest.statements import SAMPLE_COLUMNS
     from trainguard.backend.models import SAMPLE_READINGS
 
-    assert ROWS_FROM_FIELDS  # the wire's field order is the columns' (the fast rows)
+    # The wire's field order is the columns' (the rows the writer copies out).
+    assert [f.name for f in msgspec.structs.fields(wire.GpuSample)] == ["uuid", *SAMPLE_COLUMNS[1:]]
     now = time.time()
     ints = {"clock_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "pcie_replay"}
     ints |= {"remapped_correctable", "remapped_uncorrectable"}
