@@ -15,16 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import msgspec.inspect
 from fastapi import APIRouter, HTTPException, Request, Response
-from sqlalchemy import BigInteger, Integer
 from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trainguard.backend import errors
 from trainguard.backend.auth import authorize, check_node
 from trainguard.backend.ingest.writer import BatchRefused, DatabaseUnavailable
-from trainguard.backend.models import SAMPLE_READINGS, Sample
 from trainguard.protocol import wire
 
 router = APIRouter(tags=["agents"])
@@ -38,29 +35,9 @@ _MAX_PAST_S = 7 * 24 * 3600.0
 _INT32 = 2**31 - 1
 _INT64 = 2**63 - 1
 
-
-def _int32_readings_to_check() -> tuple[str, ...]:
-    """Sample readings stored in 32-bit columns (binary COPY would wrap larger values
-    silently) whose wire type does not cap them at that already: those the decoder
-    bounds (wire.Count32) cost no second pass over every sample. None today."""
-    info = msgspec.inspect.type_info(wire.GpuSample)
-    assert isinstance(info, msgspec.inspect.StructType)
-    fields = {f.name: f.type for f in info.fields}
-
-    def capped(t: Any) -> bool:
-        ints = [u for u in getattr(t, "types", (t,)) if isinstance(u, msgspec.inspect.IntType)]
-        return bool(ints) and all(u.le is not None and u.le <= _INT32 for u in ints)
-
-    return tuple(
-        c
-        for c in SAMPLE_READINGS
-        if isinstance(Sample.__table__.c[c].type, Integer)
-        and not isinstance(Sample.__table__.c[c].type, BigInteger)
-        and not capped(fields[c])
-    )
-
-
-_INT32_READINGS = _int32_readings_to_check()
+# Sample readings stored in 32-bit columns are bounded by their wire type (wire.Count32):
+# the decoder refuses a larger value with its path, and no pass over the samples is made
+# here (tests/security/test_input_limits.py checks every such column).
 
 
 def _batch_schema() -> dict[str, Any]:
@@ -79,8 +56,8 @@ def _batch_schema() -> dict[str, Any]:
     schema["description"] = (
         f"Every timestamp (sent_at, samples[].ts, events[].ts, steps[].start/end, "
         f"ranks[].last_heartbeat) must lie {window}; integers stored in 32-bit columns "
-        f"(steps[].step/attempt/iteration, ranks[].pid/attempt/iteration/last_step"
-        f"{''.join(f', samples[].{c}' for c in _INT32_READINGS)}) at most {_INT32}; "
+        f"(steps[].step/attempt/iteration, ranks[].pid/attempt/iteration/last_step) "
+        f"at most {_INT32}; "
         "the body at most TRAINGUARD_MAX_BODY_BYTES."
     )
     return schema
@@ -244,11 +221,6 @@ def _check_batch(batch: wire.Batch, now: float) -> None:
         if min(stamps) < lo or max(stamps) > hi:
             i = next(i for i, t in enumerate(stamps) if not lo <= t <= hi)
             ts(stamps[i], f"$.samples[{i}].ts")
-        for f in _INT32_READINGS:  # none while the wire bounds them all
-            values = [getattr(s, f) or 0 for s in samples]
-            if max(values) > _INT32:
-                i = next(i for i, v in enumerate(values) if v > _INT32)
-                num(values[i], _INT32, f"$.samples[{i}].{f}")
     for i, e in enumerate(batch.events):
         ts(e.ts, f"$.events[{i}].ts")
     for i, st in enumerate(batch.steps):

@@ -184,6 +184,33 @@ def test_each_bad_batch_is_refused_with_a_message_and_nothing_stored(
     assert rows(db_url) == stored
 
 
+def test_every_32_bit_sample_column_refuses_a_larger_value(
+    client: Any, db_url: str, stored: dict[str, int]
+) -> None:
+    """Binary COPY would wrap a value its int4 column cannot hold: each such reading is
+    bounded on the wire, so the batch is refused with the field's path, whatever column
+    is added later (the columns come from the model)."""
+    from sqlalchemy import BigInteger, Integer
+
+    from trainguard.backend.models import SAMPLE_READINGS
+
+    int32 = [
+        c
+        for c in SAMPLE_READINGS
+        if isinstance(Sample.__table__.c[c].type, Integer)
+        and not isinstance(Sample.__table__.c[c].type, BigInteger)
+    ]
+    assert int32  # remapped rows today
+    for i, c in enumerate(int32):
+        top = [sample(**{c: 2**31 - 1})]
+        ok = client.post("/api/v1/ingest", json=body(seq=10 + 2 * i, samples=top))
+        assert ok.status_code == 200, (c, ok.text)
+        over = [sample(**{c: 2**31})]
+        r = client.post("/api/v1/ingest", json=body(seq=11 + 2 * i, samples=over))
+        assert r.status_code == 422 and f"$.samples[0].{c}" in r.json()["detail"], (c, r.text)
+    assert rows(db_url)["samples"] == stored["samples"] + len(int32)
+
+
 def test_old_data_within_the_spool_horizon_is_accepted(client: Any, db_url: str) -> None:
     """An agent replays what it spooled while the backend was away: six days late is fine."""
     old = time.time() - 6 * DAY
