@@ -3,10 +3,10 @@ when stored.
 
 Every node posts here every second, so the route's framework cost is most of its cost:
 FastAPI's routing, dependency solving and exception middleware took about half of the
-backend's CPU per batch (py-spy, docs/benchmarks.md). `IngestFastPath` is a pure ASGI
-middleware that answers `POST /api/v1/ingest` before any of that runs, with the same
-handler (`handle`) and the same error bodies; the FastAPI route below stays for the
-OpenAPI document and calls the same handler."""
+backend's CPU per batch (py-spy, docs/benchmarks.md). `answer` is a plain ASGI app that
+the backend's app (app.Api) calls for `POST /api/v1/ingest` before any of that runs, with
+the same handler (`handle`) and the same error bodies; the FastAPI route below stays for
+the OpenAPI document and calls the same handler."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from fastapi import APIRouter, HTTPException, Request, Response
 from sqlalchemy.exc import OperationalError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from trainguard.backend import errors
 from trainguard.backend.auth import authorize, check_node
@@ -169,29 +169,26 @@ async def handle(request: Request) -> Response:
     return Response(wire.encode(result), media_type=wire.JSON_TYPE, headers=_HEADERS)
 
 
-class IngestFastPath:
-    """Answers `POST /api/v1/ingest` ahead of the framework's routing (see the module doc);
-    every other request goes to the app unchanged. Errors have the app's shape:
+def is_ingest(scope: Scope) -> bool:
+    """An agent's batch: `POST /api/v1/ingest`, which `answer` serves."""
+    return scope["type"] == "http" and scope["path"] == INGEST_PATH and scope["method"] == "POST"
+
+
+async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+    """Answers one `POST /api/v1/ingest` as a plain ASGI app, ahead of the framework (the
+    module doc; app.Api calls it, with `scope["app"]` set). Errors have the app's shape:
     `{"detail": ...}` with the HTTPException's status and headers."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != INGEST_PATH or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive)
-        try:
-            response = await handle(request)
-        except HTTPException as exc:
-            response = Response(
-                msgspec.json.encode({"detail": exc.detail}),
-                exc.status_code,
-                headers=exc.headers,
-                media_type="application/json",
-            )
-        await response(scope, receive, send)
+    request = Request(scope, receive)
+    try:
+        response = await handle(request)
+    except HTTPException as exc:
+        response = Response(
+            msgspec.json.encode({"detail": exc.detail}),
+            exc.status_code,
+            headers=exc.headers,
+            media_type="application/json",
+        )
+    await response(scope, receive, send)
 
 
 def _refuse(what: str, where: str, note: str = "") -> HTTPException:

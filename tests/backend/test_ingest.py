@@ -149,6 +149,31 @@ def test_ingest_needs_a_valid_token(client: Any) -> None:
     assert r.status_code == 401
 
 
+def test_batches_and_their_refusals_are_answered_ahead_of_fastapis_stack(client: Any) -> None:
+    """Agents' batches skip FastAPI's own call (its telemetry check, Starlette's error
+    middleware, routing): the app answers them itself, with the same bodies. Every other
+    request still goes through the stack."""
+    stack = client.app.middleware_stack
+    entered: list[str] = []
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        entered.append(scope["path"])
+        await stack(scope, receive, send)
+
+    client.app.middleware_stack = counting
+    ok = client.post("/api/v1/ingest", content=make_batch(1))
+    no_token = client.post("/api/v1/ingest", content=make_batch(2), headers={"Authorization": ""})
+    bad_type = client.post(
+        "/api/v1/ingest", content=make_batch(3), headers={"Content-Type": "text/csv"}
+    )
+    assert ok.status_code == 200 and ok.json()["stored_samples"] == 8
+    assert no_token.status_code == 401 and "bearer token" in no_token.json()["detail"]
+    assert bad_type.status_code == 415 and "text/csv" in bad_type.json()["detail"]
+    assert entered == []
+    assert client.get("/api/v1/nodes").status_code == 200
+    assert entered == ["/api/v1/nodes"]
+
+
 def test_concurrent_batches_from_many_nodes_are_all_stored_exactly_once(
     client: Any, db_url: str
 ) -> None:
