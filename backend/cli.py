@@ -106,6 +106,7 @@ def server(
     import uvicorn
 
     from trainguard.backend.app import create_app, tune_gc
+    from trainguard.backend.ingest.workers import listen_backlog
     from trainguard.backend.logs import uvicorn_log_config
 
     if log_format not in ("text", "json"):
@@ -126,6 +127,8 @@ def server(
         # timeout shorter than that closes it between batches (a failed send, a new TCP
         # and TLS handshake each time).
         "timeout_keep_alive": int(max(5.0, 2 * settings.agent_batch_interval_s + 5)),
+        # Every agent reconnects within one batch interval after a restart.
+        "backlog": listen_backlog(),
     }
     if workers > 1:
         from trainguard.backend.ingest.workers import Supervisor

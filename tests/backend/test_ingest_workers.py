@@ -6,6 +6,7 @@ engine runs on one worker only; SQLite refuses several workers."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from sqlalchemy import create_engine, func, select, text
 from tests.conftest import cli_upgrade, scratch_pg_database
 from tests.support import AUTH, TOKEN, free_port, stop_session, wait_for
 from trainguard.backend.engine.leader import ENGINE_LOCK_KEY
+from trainguard.backend.ingest.workers import listen_backlog
 from trainguard.backend.models import IngestBatch, Sample
 from trainguard.protocol import wire
 
@@ -155,6 +157,21 @@ def test_the_engine_runs_on_one_worker_only(server: Served, workers_db: str) -> 
     finally:
         engine.dispose()
     assert holders == 1
+
+
+def test_every_worker_listens_with_the_backlog_the_kernel_allows(server: Served) -> None:
+    """uvicorn listens again on the socket it is given, with its own backlog (2,048 unless
+    told): each worker's socket must keep the supervisor's, the kernel's cap, or a
+    cluster's reconnect burst overflows it (docs/benchmarks.md)."""
+    if shutil.which("ss") is None:
+        pytest.skip("needs ss (iproute2) to read a listening socket's backlog")
+    port = server.base.rsplit(":", 1)[1]
+    out = subprocess.run(
+        ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout
+    backlogs = [int(line.split()[2]) for line in out.splitlines()]  # Send-Q: the backlog
+    assert backlogs == [listen_backlog()] * WORKERS, out
+    assert listen_backlog() >= 2048
 
 
 def _worker_pids(supervisor: int) -> list[int]:
