@@ -249,6 +249,23 @@ def _machine_busy() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _tcp_drops() -> dict[str, int]:
+    """The kernel's counts of connections a full accept queue dropped and of SYNs sent
+    again (/proc/net/netstat, the whole machine: on loopback, the bench's own). A dropped
+    connect is retried after 1, 3, 7, 15, 31 s: a registration burst's tail."""
+    counts: dict[str, int] = {}
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return counts
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        for name, value in zip(names.split()[1:], values.split()[1:], strict=False):
+            if name in ("ListenOverflows", "TCPSynRetrans"):
+                counts[name] = int(value)
+    return counts
+
+
 def _postgres_cpu() -> float:
     """CPU seconds of every local `postgres` process (a local server: the bench's)."""
     total = 0.0
@@ -347,6 +364,14 @@ def raw_copy_rate(url: str, rows: int = 200_000, into_samples: bool = False) -> 
         return rows / (time.perf_counter() - t0)
 
 
+def _warnings(log: Path) -> int:
+    """Lines at WARNING or above in the server's log (its text format: the level after
+    the time, as backend/logs.py writes it)."""
+    levels = (" WARNING ", " ERROR ", " CRITICAL ")
+    with log.open(errors="replace") as f:
+        return sum(1 for line in f if any(level in line for level in levels))
+
+
 def run(
     nodes: int,
     gpus: int,
@@ -376,7 +401,11 @@ def run(
         "TRAINGUARD_NODE_DOWN_AFTER_S": str(max(15.0, 3 * batch_interval)),
         "TRAINGUARD_SERVER_WORKERS": str(server_workers),
     }
-    server = start_server(port, env)
+    # The server's log is kept: a warning in it (a failed group, a reconnect) explains
+    # a run's tail latency.
+    log_path = data_dir / "server.log"
+    log_file = log_path.open("wb")
+    server = start_server(port, env, stdout=log_file)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_workers(base, server_workers)
@@ -392,7 +421,7 @@ def run(
         ]
         rss_cpu0 = [rss_cpu(p) for p in pids]
         cpu0 = [c for _, c in rss_cpu0]
-        busy0, pg0 = _machine_busy(), _postgres_cpu()
+        busy0, pg0, tcp0 = _machine_busy(), _postgres_cpu(), _tcp_drops()
         t0 = time.monotonic()
         for p in procs:
             p.start()
@@ -401,10 +430,11 @@ def run(
             p.join()
         elapsed = time.monotonic() - t0
         rss_cpu1 = [rss_cpu(p) for p in pids]
-        busy1, pg1 = _machine_busy(), _postgres_cpu()
+        busy1, pg1, tcp1 = _machine_busy(), _postgres_cpu(), _tcp_drops()
     finally:
         server.terminate()
         server.wait(30)
+        log_file.close()
     stored = _count(url) - before
     sent_lat = sorted((when, took) for r in results for when, took in r["lat"])
     lat = sorted(took for _, took in sent_lat)
@@ -444,6 +474,11 @@ def run(
         "first_batch_p99_ms": _ms(first, 0.99),
         "server_workers": server_workers,
         "encoding": encoding,
+        # Connects the server's full accept queue dropped, and the SYNs sent again.
+        "listen_overflows": tcp1.get("ListenOverflows", 0) - tcp0.get("ListenOverflows", 0),
+        "syn_retransmits": tcp1.get("TCPSynRetrans", 0) - tcp0.get("TCPSynRetrans", 0),
+        "server_log": str(log_path),
+        "server_log_warnings": _warnings(log_path),
         # The whole server (supervisor and workers), then each of its processes.
         "backend_cpu_pct_of_core": round(
             100 * sum(c1 - c0 for (_, c1), c0 in zip(rss_cpu1, cpu0, strict=True)) / elapsed, 1

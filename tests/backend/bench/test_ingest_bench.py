@@ -39,6 +39,22 @@ def test_a_paced_run_stores_every_sample_it_sent(tmp_path: Path) -> None:
     assert report["stored_of_sent"] == 1.0 and report["errors"] == 0
     assert report["stored_samples_per_s"] == report["offered_samples_per_s"] == 48
     assert (tmp_path / "r.json").read_text().startswith("{")
+    # The server's log is kept beside the run, and a clean run left no warning in it.
+    assert (
+        Path(report["server_log"]) == tmp_path / "server.log" and report["server_log_warnings"] == 0
+    )
+
+
+def test_the_warnings_in_a_kept_server_log_are_counted(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(
+        "2026-12-02 05:00:00,001 INFO trainguard.backend.app: started\n"
+        "2026-12-02 05:00:01,002 WARNING trainguard.backend.ingest.writer: ingest transaction"
+        " failed (12 batches): boom; one by one\n"
+        "2026-12-02 05:00:02,003 ERROR uvicorn.error: Exception in ASGI application\n"
+        "Traceback (most recent call last):\n"
+    )
+    assert ingest._warnings(log) == 2
 
 
 @pytest.mark.slow
