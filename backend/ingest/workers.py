@@ -46,8 +46,8 @@ def listen_backlog() -> int:
     caps any listen()), at least uvicorn's 2,048. Every agent of a cluster connects within
     one batch interval after a backend restart (16,384 in 8 s in `bench ingest`); a full
     queue drops a connect, which the agent's kernel retries after 1, 3, 7, 15, 31 s. With
-    2,048 per process, 16,384 nodes saw 39,444 dropped connects and a first-batch p99 of
-    68 s (docs/benchmarks.md)."""
+    2,048 per process, 16,384 nodes saw 39,444 dropped connects in one run; with 4,096,
+    none (docs/benchmarks.md, "The accept queue")."""
     try:
         with open("/proc/sys/net/core/somaxconn") as f:
             return max(2048, int(f.read()))
