@@ -281,6 +281,57 @@ def _postgres_cpu() -> float:
     return total
 
 
+def postgres_state(url: str) -> dict[str, Any]:
+    """PostgreSQL's write-side settings and counters, read before and after a run: the
+    buffer cache and WAL sizes it runs with, checkpoints so far (timed and requested)
+    and the WAL position. Every sample updates the index leaf page of its own GPU, so at
+    131,072 GPUs a checkpoint is followed by a full-page image in the WAL for each of
+    them: too small a `max_wal_size` makes checkpoints follow each other by seconds, and
+    the WAL per stored sample shows it. {} on SQLite."""
+    if not url.startswith("postgresql"):
+        return {}
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            setting = "SELECT current_setting(:name)"
+            state: dict[str, Any] = {
+                name: conn.execute(text(setting), {"name": name}).scalar_one()
+                for name in ("shared_buffers", "max_wal_size", "checkpoint_timeout")
+            }
+            # PostgreSQL 17 moved the checkpoint counters to pg_stat_checkpointer.
+            new = conn.execute(
+                text("SELECT to_regclass('pg_catalog.pg_stat_checkpointer') IS NOT NULL")
+            ).scalar_one()
+            counters = (
+                "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+                if new
+                else "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+            )
+            state["checkpoints"] = int(conn.execute(text(counters)).scalar_one())
+            state["wal_bytes"] = int(
+                conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")).scalar_one()
+            )
+            return state
+    finally:
+        engine.dispose()
+
+
+def postgres_report(before: dict[str, Any], after: dict[str, Any], stored: int) -> dict[str, Any]:
+    """What a run's report says of PostgreSQL from two `postgres_state` readings."""
+    if not after:
+        return {}
+    return {
+        "postgres_shared_buffers": after["shared_buffers"],
+        "postgres_max_wal_size": after["max_wal_size"],
+        "postgres_checkpoints": after["checkpoints"] - before["checkpoints"],
+        "postgres_wal_bytes_per_sample": (
+            round((after["wal_bytes"] - before["wal_bytes"]) / stored) if stored else None
+        ),
+    }
+
+
 def _count(url: str, node_prefix: str = "") -> int:
     """Samples in the database; with `node_prefix`, only those of nodes named so."""
     from sqlalchemy import create_engine, func, select
@@ -421,6 +472,7 @@ def run(
         ]
         rss_cpu0 = [rss_cpu(p) for p in pids]
         cpu0 = [c for _, c in rss_cpu0]
+        pgs0 = postgres_state(url)
         busy0, pg0, tcp0 = _machine_busy(), _postgres_cpu(), _tcp_drops()
         t0 = time.monotonic()
         for p in procs:
@@ -431,6 +483,7 @@ def run(
         elapsed = time.monotonic() - t0
         rss_cpu1 = [rss_cpu(p) for p in pids]
         busy1, pg1, tcp1 = _machine_busy(), _postgres_cpu(), _tcp_drops()
+        pgs1 = postgres_state(url)
     finally:
         server.terminate()
         server.wait(30)
@@ -498,6 +551,7 @@ def run(
         "load_generator_cpu_cores": round(sum(r["cpu_s"] for r in results) / elapsed, 2),
         "load_generator_cpu_cores_by_process": [round(r["cpu_s"] / elapsed, 2) for r in results],
         "postgres_cpu_cores": round((pg1 - pg0) / elapsed, 2),
+        **postgres_report(pgs0, pgs1, stored),
         "machine_busy_cores": round((busy1 - busy0) / elapsed, 2),
         "machine_cores": os.cpu_count(),
     }

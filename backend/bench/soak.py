@@ -6,12 +6,17 @@ volume, the load generators of `trainguard bench ingest` playing many more nodes
 resident set size (RSS) of the backend and of every agent is sampled every `every_s`;
 the report gives it at the start (after a warm-up), in the middle and at the end, its
 maximum, and its growth per hour fitted over the second half of the run (caches fill in
-the first minutes; a leak is a growth that does not fade).
+the first minutes; a leak is a growth that does not fade). RSS is also the backlog (a
+batch in flight holds its samples), so the report gives what was stored of what the
+generators sent and the generators' latency minute by minute: a memory that grows with a
+latency that grows is a backlog, not a leak. On PostgreSQL it adds the checkpoints and
+the WAL written per sample during the run (`ingest.postgres_state`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 import subprocess
@@ -24,11 +29,21 @@ from typing import Any
 from trainguard.backend.bench.common import rss_cpu
 from trainguard.backend.bench.ingest import (
     TOKEN,
+    _by_window,
     _count,
     _gen_worker,
+    _machine_busy,
+    _ms,
+    _postgres_cpu,
+    _warnings,
+    postgres_report,
+    postgres_state,
     server_pids,
     wait_workers,
 )
+
+# The generated nodes' names: their samples are counted apart from the real agents'.
+GENERATED = "soakgen-"
 
 
 def _slope_per_h(points: list[tuple[float, float]]) -> float:
@@ -67,7 +82,7 @@ def run(
     summary only, one value per key.
     """
     from trainguard.backend.bench.common import fresh_database
-    from trainguard.backend.demo import wait_ready
+    from trainguard.backend.demo import start_server
 
     duration = minutes * 60
     batch_interval = batch_interval or period
@@ -85,19 +100,16 @@ def run(
         "TRAINGUARD_SERVER_WORKERS": str(server_workers),
     }
     cli = [sys.executable, "-m", "trainguard.agent.cli"]
-    server = subprocess.Popen(
-        [*cli, "server", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # The server's log is kept (as `bench ingest` keeps it): a warning explains a tail.
+    log_path = data_dir / "server.log"
+    log_file = log_path.open("wb")
+    server = start_server(port, env, stdout=log_file)
     base = f"http://127.0.0.1:{port}"
     spools = Path(tempfile.mkdtemp(prefix="tg-soak-"))
     agent_procs: list[subprocess.Popen[bytes]] = []
     gens: list[Any] = []
     series: list[dict[str, Any]] = []
     try:
-        wait_ready(base, proc=server)
         wait_workers(base, server_workers)
         pids = server_pids(server.pid)
         for i in range(agents):
@@ -130,7 +142,7 @@ def run(
             )
         ctx = mp.get_context("spawn")
         q: Any = ctx.Queue()
-        names = [f"soak-{i:05d}" for i in range(nodes)]
+        names = [f"{GENERATED}{i:05d}" for i in range(nodes)]
         gens = [
             ctx.Process(
                 target=_gen_worker,
@@ -139,6 +151,8 @@ def run(
             for w in range(workers if nodes else 0)
         ]
         cpu0 = sum(rss_cpu(p)[1] for p in pids)
+        pgs0 = postgres_state(url)
+        busy0, pg0 = _machine_busy(), _postgres_cpu()
         t0 = time.monotonic()
         for g in gens:
             g.start()
@@ -162,6 +176,8 @@ def run(
             g.join()
         elapsed = time.monotonic() - t0
         cpu1 = sum(rss_cpu(p)[1] for p in pids)
+        busy1, pg1 = _machine_busy(), _postgres_cpu()
+        pgs1 = postgres_state(url)
     finally:
         for p in (*agent_procs, server):
             p.terminate()
@@ -170,7 +186,18 @@ def run(
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        log_file.close()
     stored = _count(url) - before
+    generated = _count(url, GENERATED)
+    sent_lat = sorted((when, took) for r in results for when, took in r["lat"])
+    lat = sorted(took for _, took in sent_lat)
+    first_batches = sorted(x for r in results for x in r["first"])
+    slip = sorted(x for r in results for x in r["slip"])
+    sent = len(slip) * max(1, round(batch_interval / period)) * gpus
+    # The span the samples were offered over, as `bench ingest` counts it: each node is
+    # due ceil(duration / batch_interval) batches. The elapsed time also holds the
+    # generators' start and the last answers.
+    span = math.ceil(duration / batch_interval) * batch_interval
     warm = [s for s in series if s["t"] >= warmup_s] or series[-1:]
     first, last = warm[0], series[-1]
     mid = min(series, key=lambda s: abs(s["t"] - elapsed / 2))
@@ -186,10 +213,23 @@ def run(
         "batch_interval_s": batch_interval,
         "server_workers": server_workers,
         "offered_samples_per_s": round((nodes + agents) * gpus / period),
-        "stored_samples_per_s": round(stored / elapsed),
+        "stored_samples_per_s": round(stored / span),
+        # Of the generators' samples sent, those stored (a batch behind its schedule at
+        # the end is not sent: what falls short of the offer shows in the rate above).
+        "generated_stored_of_sent": round(generated / sent, 4) if sent else None,
         "generator_errors": sum(r["errors"] for r in results),
+        "send_lag_p99_ms": _ms(slip, 0.99),
+        # Every generated batch but each node's first (its registration), as in ingest.
+        "latency_p50_ms": _ms(lat, 0.5),
+        "latency_p99_ms": _ms(lat, 0.99),
+        "latency_p99_by_minute_ms": _by_window(sent_lat, 60.0),
+        "first_batch_p99_ms": _ms(first_batches, 0.99),
+        "server_log_warnings": _warnings(log_path),
         "warmup_s": warmup_s,
         "backend_cpu_pct_of_core": round(100 * (cpu1 - cpu0) / elapsed, 1),
+        "postgres_cpu_cores": round((pg1 - pg0) / elapsed, 2),
+        **postgres_report(pgs0, pgs1, stored),
+        "machine_busy_cores": round((busy1 - busy0) / elapsed, 2),
         "backend_rss_mib_start": first["backend_mib"],
         "backend_rss_mib_mid": mid["backend_mib"],
         "backend_rss_mib_end": last["backend_mib"],

@@ -89,3 +89,28 @@ def test_two_server_processes_store_every_msgpack_sample_and_report_each_process
     assert report["backend_rss_mib"] == pytest.approx(sum(report["backend_rss_mib_by_process"]))
     assert len(report["load_generator_cpu_cores_by_process"]) == 2
     assert report["raw_copy_rows_per_s"] > 0 and report["raw_copy_into_samples_rows_per_s"] > 0
+    # PostgreSQL's write side over the run: its sizes as set, and the WAL it wrote per
+    # stored sample (every sample writes at least its own row).
+    assert report["postgres_shared_buffers"] and report["postgres_max_wal_size"]
+    assert report["postgres_checkpoints"] >= 0
+    assert report["postgres_wal_bytes_per_sample"] > 50
+
+
+@pytest.mark.postgres
+def test_postgres_state_counts_the_wal_written_between_two_readings(pg_database: str) -> None:
+    engine = create_engine(pg_database)
+    before = ingest.postgres_state(pg_database)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS wal_probe_kept (x text)")
+        conn.exec_driver_sql(
+            "INSERT INTO wal_probe_kept SELECT repeat('x', 1000) FROM generate_series(1, 100)"
+        )
+        conn.exec_driver_sql("DROP TABLE wal_probe_kept")
+    engine.dispose()
+    after = ingest.postgres_state(pg_database)
+    report = ingest.postgres_report(before, after, stored=100)
+    # 100 rows of 1 kB went into the WAL: at least 1 kB a "sample".
+    assert report["postgres_wal_bytes_per_sample"] >= 1000
+    assert report["postgres_checkpoints"] >= 0
+    assert ingest.postgres_state("sqlite:///unused.db") == {}
+    assert ingest.postgres_report({}, {}, stored=1) == {}
