@@ -231,6 +231,19 @@ def _ms(ordered: list[float], q: float) -> float | None:
     return round(1000 * ordered[int(q * (len(ordered) - 1))], 1) if ordered else None
 
 
+def merged_timings(
+    results: list[dict[str, Any]],
+) -> tuple[list[tuple[float, float]], list[float], list[float], list[float]]:
+    """The generator processes' timings, merged and sorted: (send time, latency) of every
+    batch but each node's first, those latencies alone, the first batches' latencies,
+    and how late each batch left its schedule."""
+    sent_lat = sorted((when, took) for r in results for when, took in r["lat"])
+    lat = sorted(took for _, took in sent_lat)
+    first = sorted(x for r in results for x in r["first"])
+    slip = sorted(x for r in results for x in r["slip"])
+    return sent_lat, lat, first, slip
+
+
 def _by_window(sent_lat: list[tuple[float, float]], window: float) -> list[float | None]:
     if not sent_lat:
         return []
@@ -325,6 +338,7 @@ def postgres_report(before: dict[str, Any], after: dict[str, Any], stored: int) 
     return {
         "postgres_shared_buffers": after["shared_buffers"],
         "postgres_max_wal_size": after["max_wal_size"],
+        "postgres_checkpoint_timeout": after["checkpoint_timeout"],
         "postgres_checkpoints": after["checkpoints"] - before["checkpoints"],
         "postgres_wal_bytes_per_sample": (
             round((after["wal_bytes"] - before["wal_bytes"]) / stored) if stored else None
@@ -489,10 +503,7 @@ def run(
         server.wait(30)
         log_file.close()
     stored = _count(url) - before
-    sent_lat = sorted((when, took) for r in results for when, took in r["lat"])
-    lat = sorted(took for _, took in sent_lat)
-    first = sorted(x for r in results for x in r["first"])
-    slip = sorted(x for r in results for x in r["slip"])
+    sent_lat, lat, first, slip = merged_timings(results)
     per_batch = max(1, round(batch_interval / period))
     sent_samples = len(slip) * per_batch * gpus
     report: dict[str, Any] = {

@@ -92,6 +92,7 @@ def test_two_server_processes_store_every_msgpack_sample_and_report_each_process
     # PostgreSQL's write side over the run: its sizes as set, and the WAL it wrote per
     # stored sample (every sample writes at least its own row).
     assert report["postgres_shared_buffers"] and report["postgres_max_wal_size"]
+    assert report["postgres_checkpoint_timeout"]
     assert report["postgres_checkpoints"] >= 0
     assert report["postgres_wal_bytes_per_sample"] > 50
 
