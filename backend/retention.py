@@ -18,6 +18,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from trainguard.backend.models import sample_bucket
+
 log = logging.getLogger(__name__)
 
 _LOCK_KEY = 0x7452_4554  # "tRET"
@@ -63,9 +65,9 @@ def _upsert_tail() -> str:
 _COLS = ("gpu_id", "width_s", "bucket", "n", "ts", *_MEAN, "util_max", "temp_max", *_MAX)
 
 
-# Raw samples older than the cutoff, GPU by GPU through ix_samples_gpu_ts (samples have no
-# index on ts alone: migration 0009). Each GPU's oldest stretch is one short range scan.
-_RAW_BEFORE_CUTOFF = "samples WHERE gpu_id IN (SELECT id FROM gpus) AND ts < :cutoff"
+# Raw samples older than the cutoff: the oldest buckets, a prefix of ix_samples_bucket_gpu_ts
+# (migration 0011); ts cuts the last of them, which the cutoff may split.
+_RAW_BEFORE_CUTOFF = "samples WHERE bucket <= :cutoff_bucket AND ts < :cutoff"
 
 
 def _fold_raw_sql(dialect: str) -> str:
@@ -114,10 +116,9 @@ class Retention:
                 ).scalar()
                 if not got:
                     return {"skipped": "another replica is pruning"}
-            conn.execute(text(_fold_raw_sql(self.dialect)), {"cutoff": raw_cut})
-            raw = conn.execute(
-                text(f"DELETE FROM {_RAW_BEFORE_CUTOFF}"), {"cutoff": raw_cut}
-            ).rowcount
+            before = {"cutoff": raw_cut, "cutoff_bucket": sample_bucket(raw_cut)}
+            conn.execute(text(_fold_raw_sql(self.dialect)), before)
+            raw = conn.execute(text(f"DELETE FROM {_RAW_BEFORE_CUTOFF}"), before).rowcount
             # A batch's key dedups a replay of it while its samples are raw; a replay
             # older than that would only add to a window already folded.
             keys = conn.execute(

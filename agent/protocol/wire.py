@@ -32,6 +32,9 @@ Uuid = Annotated[str, Meta(min_length=1, max_length=96)]
 Text = Annotated[str, Meta(max_length=4096)]
 Short = Annotated[str, Meta(max_length=256)]
 Ts = Annotated[float, Meta(ge=0.0, le=1e11)]
+# A sample's time: the backend stores floor(ts / 8) in a 32-bit column (its index's
+# bucket, migration 0011), so the bound is below 8 * 2**31; 1.7e10 s is the year 2508.
+SampleTs = Annotated[float, Meta(ge=0.0, le=1.7e10)]
 Pct = Annotated[float, Meta(ge=0.0, le=100.0)]
 NonNegF = Annotated[float, Meta(ge=0.0)]
 NonNeg = Annotated[int, Meta(ge=0)]
@@ -86,7 +89,7 @@ class GpuSample(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, 
     cost 138 us instead of 117 (docs/benchmarks.md)."""
 
     uuid: Uuid
-    ts: Ts
+    ts: SampleTs
     util: Pct | None = None  # DCGM_FI_DEV_GPU_UTIL
     mem_util: Pct | None = None  # DCGM_FI_DEV_MEM_COPY_UTIL
     mem_used_mib: NonNegF | None = None  # DCGM_FI_DEV_FB_USED

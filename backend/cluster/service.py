@@ -5,12 +5,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Float, Integer, and_, cast, func, select
+from sqlalchemy import Float, Integer, cast, func, select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.cluster import cordons
 from trainguard.backend.errors import NotFound
-from trainguard.backend.models import SAMPLE_READINGS, Event, Gpu, Node, Sample, no_reading
+from trainguard.backend.models import (
+    SAMPLE_BUCKET_S,
+    SAMPLE_READINGS,
+    Event,
+    Gpu,
+    Node,
+    Sample,
+    in_sample_window,
+    no_reading,
+)
 from trainguard.backend.retention import rollup_rows
 
 XID_DEGRADES_FOR_S = 600.0
@@ -124,11 +133,10 @@ def get_node(session: Session, name: str) -> Node:
 
 def node_gpus(session: Session, node: Node) -> list[dict[str, Any]]:
     gpus = session.scalars(select(Gpu).where(Gpu.node_id == node.id).order_by(Gpu.index)).all()
+    latest_of = _latest_samples(session, node, [g.id for g in gpus])
     out = []
     for g in gpus:
-        latest = session.scalar(
-            select(Sample).where(Sample.gpu_id == g.id).order_by(Sample.ts.desc()).limit(1)
-        )
+        latest = latest_of.get(g.id)
         out.append(
             {
                 "uuid": g.uuid,
@@ -144,6 +152,45 @@ def node_gpus(session: Session, node: Node) -> list[dict[str, Any]]:
                 else {"ts": latest.ts, **{f: getattr(latest, f) for f in SAMPLE_READINGS}},
             }
         )
+    return out
+
+
+def raw_extent(session: Session) -> tuple[float, float] | None:
+    """The times the raw samples span, to their buckets' edges (the index's two ends)."""
+    # One aggregate a subquery: SQLite reads min() or max() off the index only alone.
+    first, last = session.execute(
+        select(
+            select(func.min(Sample.bucket)).scalar_subquery(),
+            select(func.max(Sample.bucket)).scalar_subquery(),
+        )
+    ).one()
+    if first is None:
+        return None
+    return first * SAMPLE_BUCKET_S, (last + 1) * SAMPLE_BUCKET_S
+
+
+def _latest_samples(session: Session, node: Node, gpu_ids: list[int]) -> dict[int, Sample]:
+    """Each GPU's newest raw sample: looked for around the node's last batch first (on
+    the agent's clock, which stamps samples), where a reporting GPU's is, then over every
+    raw sample for the GPUs silent then."""
+    out: dict[int, Sample] = {}
+
+    def look(since: float, until: float) -> None:
+        for gid in gpu_ids:
+            if gid not in out:
+                latest = session.scalar(
+                    select(Sample)
+                    .where(Sample.gpu_id == gid, in_sample_window(since, until))
+                    .order_by(Sample.ts.desc())
+                    .limit(1)
+                )
+                if latest is not None:
+                    out[gid] = latest
+
+    agent_now = node.last_seen + (node.clock_offset_s or 0.0)
+    look(agent_now - 64.0, agent_now + 64.0)
+    if len(out) < len(gpu_ids) and (extent := raw_extent(session)) is not None:
+        look(*extent)
     return out
 
 
@@ -165,14 +212,20 @@ def gpu_series(
         else:
             cols.append(func.avg(cast(col, Float)))
     names = ["ts", *SAMPLE_READINGS]
-    buckets: dict[int, list[Any]] = {
-        row[0]: list(row[1:])
-        for row in session.execute(
-            select(*cols)
-            .where(and_(Sample.gpu_id == gpu.id, Sample.ts >= since, Sample.ts <= until))
-            .group_by(bucket)
-        ).all()
-    }
+    # The raw samples' part of the window, cut to what the table holds (a chart of weeks
+    # names the buckets of hours).
+    extent = raw_extent(session) or (since, since)
+    raw_since, raw_until = max(since, extent[0]), min(until, extent[1])
+    buckets: dict[int, list[Any]] = {}
+    if raw_since <= raw_until:
+        buckets = {
+            row[0]: list(row[1:])
+            for row in session.execute(
+                select(*cols)
+                .where(Sample.gpu_id == gpu.id, in_sample_window(raw_since, raw_until))
+                .group_by(bucket)
+            ).all()
+        }
     # Older than the raw window: the rollups (backend/retention.py) fill the buckets.
     for b, vals in _rollup_buckets(session, gpu.id, since, until, width).items():
         buckets.setdefault(b, vals)

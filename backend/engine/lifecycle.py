@@ -34,6 +34,7 @@ from trainguard.backend.models import (
     NodeCordon,
     Rank,
     Sample,
+    in_sample_window,
 )
 from trainguard.backend.models.control import ACTIVE_STATUSES
 
@@ -183,12 +184,14 @@ def _healthy(d: Decider, session: Session, node: Node, now: float, for_s: float)
     if not gpus:
         return True
     since = now - min(for_s, 600.0)
+    # Samples are stamped by the agent's clock: ten minutes past the server's still count.
+    until = now + 600.0
     lost = session.scalar(
         select(func.count())
         .select_from(Sample)
         .where(
             Sample.gpu_id.in_(gpus),
-            Sample.ts >= since,
+            in_sample_window(since, until),
             Sample.util.is_(None),
             Sample.temp_c.is_(None),
             Sample.power_w.is_(None),
@@ -198,7 +201,7 @@ def _healthy(d: Decider, session: Session, node: Node, now: float, for_s: float)
         return False
     fresh = session.execute(
         select(Sample.gpu_id)
-        .where(Sample.gpu_id.in_(gpus), Sample.ts >= now - d.fresh_within_s)
+        .where(Sample.gpu_id.in_(gpus), in_sample_window(now - d.fresh_within_s, until))
         .group_by(Sample.gpu_id)
     ).all()
     return len(fresh) == len(gpus)

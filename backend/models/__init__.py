@@ -3,6 +3,7 @@
 from trainguard.backend.models.auth import ApiToken
 from trainguard.backend.models.base import Base
 from trainguard.backend.models.cluster import (
+    SAMPLE_BUCKET_S,
     SAMPLE_READINGS,
     Event,
     Gpu,
@@ -11,7 +12,9 @@ from trainguard.backend.models.cluster import (
     NodeCordon,
     Sample,
     SampleRollup,
+    in_sample_window,
     no_reading,
+    sample_bucket,
 )
 from trainguard.backend.models.control import AuditLog, Command, CommandAck, Incident
 from trainguard.backend.models.jobs import JOB_ENDED, JOB_STATES, Job, Rank, Step
@@ -20,6 +23,7 @@ from trainguard.protocol.wire import TIMELINE  # the timeline is part of the API
 __all__ = [
     "JOB_ENDED",
     "JOB_STATES",
+    "SAMPLE_BUCKET_S",
     "SAMPLE_READINGS",
     "TIMELINE",
     "ApiToken",
@@ -38,5 +42,7 @@ __all__ = [
     "Sample",
     "SampleRollup",
     "Step",
+    "in_sample_window",
     "no_reading",
+    "sample_bucket",
 ]

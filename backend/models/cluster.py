@@ -10,14 +10,17 @@ from sqlalchemy import (
     REAL,
     BigInteger,
     Boolean,
+    Computed,
     Float,
     ForeignKey,
     Index,
     Integer,
     String,
     Text,
+    and_,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.sql.elements import ColumnElement
 
 from trainguard.backend.models.base import Base, BigId
 
@@ -112,16 +115,51 @@ def no_reading(sample: Any) -> bool:
     return bool(_READINGS(sample) == _NO_READING)
 
 
+# A sample's bucket: its time in SAMPLE_BUCKET_S windows, stored by the database itself
+# (a generated column, so every writer gets it right). Samples are indexed by
+# (bucket, gpu_id, ts): the rows written in the last few seconds share one small region of
+# the index, whatever the number of GPUs. Indexed by (gpu_id, ts), every GPU appended at a
+# leaf page of its own: 131,072 GPUs kept ~1 GB of leaf pages hot, more than PostgreSQL's
+# buffers, and each checkpoint wrote every one of them to the WAL again (docs/benchmarks.md,
+# "The samples' index"). A read of one GPU's window names its buckets (in_sample_window).
+SAMPLE_BUCKET_S = 8
+# floor(ts / 8). PostgreSQL's text; on SQLite migration 0011 writes CAST(ts / 8 AS INTEGER),
+# the same for the wire's ts >= 0 and needing no math functions compiled in.
+_BUCKET_SQL = "CAST(floor(ts / 8) AS INTEGER)"
+
+
+def sample_bucket(ts: float) -> int:
+    """The bucket the database stores for a sample taken at `ts` (the column's formula)."""
+    return int(ts // SAMPLE_BUCKET_S)
+
+
+# Past this many buckets (4.6 days of raw samples) a window is read as a range of buckets:
+# slower (it walks every GPU's rows in the range), but the statement stays small.
+_MAX_LISTED_BUCKETS = 50_000
+
+
+def in_sample_window(since: float, until: float) -> ColumnElement[bool]:
+    """Samples with since <= ts <= until, by their buckets first: `bucket IN (...)` is
+    one descent of the index per bucket, where a range over its leading column would
+    walk every GPU's rows in the window. Callers add their GPUs (gpu_id)."""
+    first, last = sample_bucket(max(since, 0.0)), sample_bucket(max(until, 0.0))
+    if last - first < _MAX_LISTED_BUCKETS:
+        by_bucket = Sample.bucket.in_(list(range(first, last + 1)))
+    else:
+        by_bucket = Sample.bucket.between(first, last)
+    return and_(by_bucket, Sample.ts >= since, Sample.ts <= until)
+
+
 class Sample(Base):
     """GPU readings at one instant (raw; bounded retention)."""
 
     __tablename__ = "samples"
-    # One index, (gpu_id, ts): every read is one GPU's window or latest sample, and the
-    # retention pruner walks it GPU by GPU. No surrogate id and no index on ts alone: each
-    # of them cost PostgreSQL as much per stored sample as the heap row itself (migration
-    # 0009, docs/benchmarks.md). The mapper's key is (gpu_id, ts); the table has none, so
-    # two readings of one GPU at one instant are both kept, as they were before.
-    __table_args__ = (Index("ix_samples_gpu_ts", "gpu_id", "ts"),)
+    # One index, (bucket, gpu_id, ts): every read is one GPU's (or node's) window, and the
+    # retention pruner cuts the oldest buckets, a prefix of the index. No surrogate id and
+    # no index on ts alone: each of them cost PostgreSQL as much per stored sample as the
+    # heap row itself (migration 0009). The mapper's key is (gpu_id, ts); the table has
+    # none, so two readings of one GPU at one instant are both kept, as they were before.
+    __table_args__ = (Index("ix_samples_bucket_gpu_ts", "bucket", "gpu_id", "ts"),)
     __mapper_args__ = {"primary_key": ["gpu_id", "ts"]}
 
     # gpus.id, without a foreign key: checking one per row was half of PostgreSQL's work
@@ -148,6 +186,7 @@ class Sample(Base):
     remap_pending: Mapped[bool | None] = mapped_column(Boolean)
     remap_failure: Mapped[bool | None] = mapped_column(Boolean)
     pcie_replay: Mapped[int | None] = mapped_column(BigInteger)
+    bucket: Mapped[int] = mapped_column(Integer, Computed(_BUCKET_SQL, persisted=True))
 
 
 class SampleRollup(Base):

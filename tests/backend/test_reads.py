@@ -138,3 +138,46 @@ def test_every_api_route_needs_a_token_but_health_and_ui_do_not(client: Any) -> 
         assert client.get(path, headers=anon).status_code == 401, path
     assert client.get("/healthz", headers=anon).status_code == 200
     assert client.get("/readyz", headers=anon).json() == {"status": "ready"}
+
+
+def test_a_window_holds_exactly_the_samples_between_its_edges_across_buckets(
+    client: Any,
+) -> None:
+    """Samples are found by their 8 s buckets (migration 0011): a window that starts and
+    ends inside a bucket still holds every sample with since <= ts <= until, no more."""
+    t0 = time.time() // 8 * 8 - 600 + 3  # 3 s into a bucket
+    post(
+        client, "edge", 1, [wire.GpuSample(uuid="GPU-edge-0", ts=t0 + i, util=i) for i in range(40)]
+    )
+    since, until = t0 + 5, t0 + 29  # inside the first bucket and the fourth
+    r = client.get(
+        "/api/v1/gpus/GPU-edge-0/samples", params={"since": since, "until": until, "points": 24}
+    )
+    cols = r.json()["columns"]  # a 1 s point a sample
+    assert cols["ts"] == [t0 + i for i in range(5, 30)]
+    assert cols["util"] == [float(i) for i in range(5, 30)]
+
+
+def test_a_gpu_silent_for_minutes_still_shows_its_last_sample(client: Any) -> None:
+    """The node view looks for each GPU's latest sample around the node's last batch,
+    then over every raw sample for a GPU that has been silent since."""
+    now = time.time()
+    gpus = [wire.GpuInfo(uuid=f"GPU-mute-{i}", index=i, name="sim") for i in range(2)]
+
+    def send(seq: int, samples: list[wire.GpuSample]) -> None:
+        batch = wire.Batch(
+            node="mute",
+            agent_id="agent000001",
+            seq=seq,
+            sent_at=time.time(),
+            simulated=True,
+            gpus=gpus,
+            samples=samples,
+        )
+        assert client.post("/api/v1/ingest", content=wire.encode(batch)).status_code == 200
+
+    old = now - 900
+    send(1, [wire.GpuSample(uuid=f"GPU-mute-{i}", ts=old, util=30.0 + i) for i in range(2)])
+    send(2, [wire.GpuSample(uuid="GPU-mute-0", ts=now, util=77.0)])
+    latest = [g["latest"] for g in client.get("/api/v1/nodes/mute/gpus").json()]
+    assert [(s["ts"], s["util"]) for s in latest] == [(now, 77.0), (old, 31.0)]

@@ -81,3 +81,35 @@ def test_0009_keeps_samples_and_fills_gpus_lost(db_url: str) -> None:
     engine.dispose()
     assert len(ids) == 6 and len(set(ids)) == 6  # every sample numbered again
     db.upgrade(db_url)
+
+
+def test_0011_buckets_every_sample_by_its_time(db_url: str) -> None:
+    """The database fills each sample's bucket, floor(ts / 8), on the way up (existing rows)
+    and on every insert after it, the same as the readers' sample_bucket; the index leads
+    with it. Down again, the column goes and (gpu_id, ts) is the index once more."""
+    from trainguard.backend.models import sample_bucket
+
+    times = [0.0, 7.999, 8.0, 15.5, 1_700_000_003.5, 1.7e10]
+    db.downgrade(db_url, "0010")
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        for ts in times[:3]:
+            conn.execute(text("INSERT INTO samples (gpu_id, ts) VALUES (1, :ts)"), {"ts": ts})
+    db.upgrade(db_url)
+    with engine.begin() as conn:
+        for ts in times[3:]:
+            conn.execute(text("INSERT INTO samples (gpu_id, ts) VALUES (2, :ts)"), {"ts": ts})
+        got = conn.execute(text("SELECT ts, bucket FROM samples ORDER BY ts")).all()
+    assert [(r[0], r[1]) for r in got] == [(ts, sample_bucket(ts)) for ts in times]
+    assert [r[1] for r in got] == [0, 0, 1, 1, 212_500_000, 2_125_000_000]
+    indexes = {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("samples")}
+    assert indexes == {"ix_samples_bucket_gpu_ts": ["bucket", "gpu_id", "ts"]}
+    db.downgrade(db_url, "0010")
+    with engine.connect() as conn:
+        kept = conn.execute(text("SELECT ts FROM samples ORDER BY ts")).scalars().all()
+    assert kept == times
+    assert "bucket" not in {c["name"] for c in inspect(engine).get_columns("samples")}
+    indexes = {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("samples")}
+    engine.dispose()
+    assert indexes == {"ix_samples_gpu_ts": ["gpu_id", "ts"]}
+    db.upgrade(db_url)
