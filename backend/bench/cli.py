@@ -340,6 +340,29 @@ def bench_retention(
     typer.echo(table(result))
 
 
+@app.command("sample-index")
+def bench_sample_index(
+    gpus: Annotated[int, typer.Option(min=8, help="simulated GPUs, 8 a node")] = 131_072,
+    seconds: Annotated[int, typer.Option(min=1, help="simulated seconds per layout")] = 300,
+    window: Annotated[int, typer.Option(min=1, help="simulated seconds per reported row")] = 30,
+    batch_interval: Annotated[int, typer.Option(min=1, max=64, help="seconds a batch")] = 8,
+    database_url: DbUrlOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """PostgreSQL's cost per stored sample as samples accumulate, with the samples' index
+    before migration 0011, (gpu_id, ts), and after it, (bucket, gpu_id, ts)."""
+    import json
+
+    from trainguard.backend.bench.sample_index import run, table
+
+    if not (database_url or "").startswith("postgresql"):
+        fail("bench sample-index needs a PostgreSQL --database-url")
+    result = run(database_url or "", gpus, seconds, window, batch_interval)
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=2))
+    typer.echo(table(result))
+
+
 def _print_report(report: dict) -> None:
     width = max(len(k) for k in report)
     for k, v in report.items():

@@ -297,10 +297,11 @@ def _postgres_cpu() -> float:
 def postgres_state(url: str) -> dict[str, Any]:
     """PostgreSQL's write-side settings and counters, read before and after a run: the
     buffer cache and WAL sizes it runs with, checkpoints so far (timed and requested)
-    and the WAL position. Every sample updates the index leaf page of its own GPU, so at
-    131,072 GPUs a checkpoint is followed by a full-page image in the WAL for each of
-    them: too small a `max_wal_size` makes checkpoints follow each other by seconds, and
-    the WAL per stored sample shows it. {} on SQLite."""
+    and the WAL position. After each checkpoint, the first change to a page puts the whole
+    page in the WAL: too small a `max_wal_size` makes checkpoints follow each other by
+    seconds, and the WAL per stored sample shows it (with the samples indexed by
+    (gpu_id, ts), before migration 0011, every GPU's own index leaf page each time).
+    {} on SQLite."""
     if not url.startswith("postgresql"):
         return {}
     from sqlalchemy import create_engine, text
