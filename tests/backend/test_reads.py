@@ -10,13 +10,27 @@ from trainguard.protocol import wire
 
 
 def post(client: Any, node: str, seq: int, samples: list[wire.GpuSample], **kw: Any) -> None:
+    """A batch of the node's one GPU, GPU-<node>-0."""
+    gpus = [wire.GpuInfo(uuid=f"GPU-{node}-0", index=0, name="sim")]
+    post_gpus(client, node, seq, gpus, samples, **kw)
+
+
+def post_gpus(
+    client: Any,
+    node: str,
+    seq: int,
+    gpus: list[wire.GpuInfo],
+    samples: list[wire.GpuSample],
+    **kw: Any,
+) -> None:
+    """A batch of several GPUs' samples, their inventory with it."""
     batch = wire.Batch(
         node=node,
         agent_id="agent000001",
         seq=seq,
         sent_at=time.time(),
         simulated=True,
-        gpus=[wire.GpuInfo(uuid=f"GPU-{node}-0", index=0, name="sim")],
+        gpus=gpus,
         samples=samples,
         **kw,
     )
@@ -55,16 +69,7 @@ def test_a_gpu_whose_latest_sample_has_no_reading_is_lost_and_degrades_its_node(
             if lost
             else wire.GpuSample(uuid="GPU-bus-1", ts=ts, util=88.0, temp_c=69.0),
         ]
-        batch = wire.Batch(
-            node="bus",
-            agent_id="agent000001",
-            seq=seq,
-            sent_at=time.time(),
-            simulated=True,
-            gpus=gpus,
-            samples=samples,
-        )
-        assert client.post("/api/v1/ingest", content=wire.encode(batch)).status_code == 200
+        post_gpus(client, "bus", seq, gpus, samples)
 
     send(1, now - 2, lost=False)
     post(client, "fine", 1, [wire.GpuSample(uuid="GPU-fine-0", ts=now, util=10.0)])
@@ -164,20 +169,9 @@ def test_a_gpu_silent_for_minutes_still_shows_its_last_sample(client: Any) -> No
     now = time.time()
     gpus = [wire.GpuInfo(uuid=f"GPU-mute-{i}", index=i, name="sim") for i in range(2)]
 
-    def send(seq: int, samples: list[wire.GpuSample]) -> None:
-        batch = wire.Batch(
-            node="mute",
-            agent_id="agent000001",
-            seq=seq,
-            sent_at=time.time(),
-            simulated=True,
-            gpus=gpus,
-            samples=samples,
-        )
-        assert client.post("/api/v1/ingest", content=wire.encode(batch)).status_code == 200
-
     old = now - 900
-    send(1, [wire.GpuSample(uuid=f"GPU-mute-{i}", ts=old, util=30.0 + i) for i in range(2)])
-    send(2, [wire.GpuSample(uuid="GPU-mute-0", ts=now, util=77.0)])
+    mute = [wire.GpuSample(uuid=f"GPU-mute-{i}", ts=old, util=30.0 + i) for i in range(2)]
+    post_gpus(client, "mute", 1, gpus, mute)
+    post_gpus(client, "mute", 2, gpus, [wire.GpuSample(uuid="GPU-mute-0", ts=now, util=77.0)])
     latest = [g["latest"] for g in client.get("/api/v1/nodes/mute/gpus").json()]
     assert [(s["ts"], s["util"]) for s in latest] == [(now, 77.0), (old, 31.0)]
