@@ -33,8 +33,11 @@ _READINGS = (
 )
 
 
-def _backend_written(conn: Any) -> int:
-    return int(conn.execute("SELECT buffers_backend FROM pg_stat_bgwriter").fetchone()[0])
+def _reading(url: str, pid: int, mon: Any) -> tuple[float, float, dict[str, Any], int]:
+    """Now: wall clock, the COPY server process's CPU time, postgres_state, and the
+    buffers PostgreSQL's backends have written out themselves."""
+    written = mon.execute("SELECT buffers_backend FROM pg_stat_bgwriter").fetchone()[0]
+    return time.perf_counter(), rss_cpu(pid)[1], postgres_state(url), int(written)
 
 
 def _write_second(conn: Any, table: str, sec: int, nodes: int, batch_s: int) -> int:
@@ -77,23 +80,13 @@ def _run_layout(
         conn.execute(f"CREATE INDEX ON {table} ({', '.join(LAYOUTS[layout])})")
         pid = conn.info.backend_pid
         try:
-            start = (
-                time.perf_counter(),
-                rss_cpu(pid)[1],
-                postgres_state(url),
-                _backend_written(mon),
-            )
+            start = _reading(url, pid, mon)
             rows = 0
             for sec in range(seconds):
                 rows += _write_second(conn, table, sec, gpus // 8, batch_s)
                 if (sec + 1) % window and sec + 1 != seconds:
                     continue
-                now = (
-                    time.perf_counter(),
-                    rss_cpu(pid)[1],
-                    postgres_state(url),
-                    _backend_written(mon),
-                )
+                now = _reading(url, pid, mon)
                 out.append(
                     {
                         "layout": layout,

@@ -214,16 +214,14 @@ def gpu_series(
     names = ["ts", *SAMPLE_READINGS]
     # The raw samples' part of the window, cut to what the table holds (a chart of weeks
     # names the buckets of hours).
-    extent = raw_extent(session) or (since, since)
-    raw_since, raw_until = max(since, extent[0]), min(until, extent[1])
+    extent = raw_extent(session)
     buckets: dict[int, list[Any]] = {}
-    if raw_since <= raw_until:
+    if extent is not None and max(since, extent[0]) <= min(until, extent[1]):
+        window = in_sample_window(max(since, extent[0]), min(until, extent[1]))
         buckets = {
             row[0]: list(row[1:])
             for row in session.execute(
-                select(*cols)
-                .where(Sample.gpu_id == gpu.id, in_sample_window(raw_since, raw_until))
-                .group_by(bucket)
+                select(*cols).where(Sample.gpu_id == gpu.id, window).group_by(bucket)
             ).all()
         }
     # Older than the raw window: the rollups (backend/retention.py) fill the buckets.

@@ -123,9 +123,9 @@ def no_reading(sample: Any) -> bool:
 # buffers, and each checkpoint wrote every one of them to the WAL again (docs/benchmarks.md,
 # "The samples' index"). A read of one GPU's window names its buckets (in_sample_window).
 SAMPLE_BUCKET_S = 8
-# floor(ts / 8). PostgreSQL's text; on SQLite migration 0011 writes CAST(ts / 8 AS INTEGER),
+# floor(ts / 8), PostgreSQL's text; on SQLite migration 0011 wrote CAST(ts / 8 AS INTEGER),
 # the same for the wire's ts >= 0 and needing no math functions compiled in.
-_BUCKET_SQL = "CAST(floor(ts / 8) AS INTEGER)"
+_BUCKET_SQL = f"CAST(floor(ts / {SAMPLE_BUCKET_S}) AS INTEGER)"
 
 
 def sample_bucket(ts: float) -> int:
