@@ -223,10 +223,16 @@ def run(
         "latency_p50_ms": _ms(lat, 0.5),
         "latency_p99_ms": _ms(lat, 0.99),
         "latency_p99_by_minute_ms": _by_window(sent_lat, 60.0),
+        # Finer, to set beside PostgreSQL's checkpoints or the host's own log: the windows
+        # start at the first steady batch's send time (epoch seconds).
+        "latency_p99_by_10s_ms": _by_window(sent_lat, 10.0),
+        "latency_windows_start_epoch_s": round(sent_lat[0][0], 1) if sent_lat else None,
         "first_batch_p99_ms": _ms(first_batches, 0.99),
         "server_log_warnings": _warnings(log_path),
         "warmup_s": warmup_s,
         "backend_cpu_pct_of_core": round(100 * (cpu1 - cpu0) / elapsed, 1),
+        "load_generator_cpu_cores": round(sum(r["cpu_s"] for r in results) / elapsed, 2),
+        "load_generator_cpu_cores_by_process": [round(r["cpu_s"] / elapsed, 2) for r in results],
         "postgres_cpu_cores": round((pg1 - pg0) / elapsed, 2),
         **postgres_report(pgs0, pgs1, stored),
         "machine_busy_cores": round((busy1 - busy0) / elapsed, 2),

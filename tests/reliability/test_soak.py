@@ -36,6 +36,9 @@ def test_a_short_soak_reports_backend_and_agent_memory(tmp_path: Path) -> None:
     assert report["generated_stored_of_sent"] == 1.0
     assert report["latency_p99_ms"] >= report["latency_p50_ms"] > 0
     assert len(report["latency_p99_by_minute_ms"]) == 1 and report["first_batch_p99_ms"] > 0
+    # The generators' own CPU, one figure per process: they share the host with the backend.
+    assert len(report["load_generator_cpu_cores_by_process"]) == 1
+    assert report["load_generator_cpu_cores"] > 0
     assert report["server_log_warnings"] == 0 and (tmp_path / "server.log").exists()
     assert 20 < report["backend_rss_mib_start"] <= report["backend_rss_mib_max"] < 2000
     assert 10 < report["agent_rss_mib_start"] <= report["agent_rss_mib_max"] < 1000
