@@ -18,8 +18,13 @@ from sqlalchemy import (
     String,
     Text,
     and_,
+    any_,
+    bindparam,
 )
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainguard.backend.models.base import Base, BigId
@@ -143,11 +148,38 @@ def in_sample_window(since: float, until: float) -> ColumnElement[bool]:
     one descent of the index per bucket, where a range over its leading column would
     walk every GPU's rows in the window. Callers add their GPUs (gpu_id)."""
     first, last = sample_bucket(max(since, 0.0)), sample_bucket(max(until, 0.0))
+    by_bucket: ColumnElement[bool]
     if last - first < _MAX_LISTED_BUCKETS:
-        by_bucket = Sample.bucket.in_(list(range(first, last + 1)))
+        by_bucket = _InBuckets(list(range(first, last + 1)))
     else:
         by_bucket = Sample.bucket.between(first, last)
     return and_(by_bucket, Sample.ts >= since, Sample.ts <= until)
+
+
+class _InBuckets(ColumnElement[bool]):
+    """`samples.bucket IN (...)`; on PostgreSQL `= ANY(:buckets)`, one array parameter.
+    A 6-hour chart names 2,700 buckets: as that many parameters PostgreSQL's planner read
+    the query in 107 ms, as one array in 76 (docs/benchmarks.md, "What reads pay")."""
+
+    type = Boolean()
+    # A condition as it stands (as `x IN (...)` is), not a value SQLite must compare to 1.
+    _is_implicitly_boolean = True
+    # The buckets are values, not part of the statement's shape; no cache key is derived.
+    inherit_cache = False
+
+    def __init__(self, buckets: list[int]) -> None:
+        self.buckets = buckets
+
+
+@compiles(_InBuckets)
+def _in_buckets(element: _InBuckets, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(Sample.bucket.in_(element.buckets), **kw)
+
+
+@compiles(_InBuckets, "postgresql")
+def _in_buckets_pg(element: _InBuckets, compiler: SQLCompiler, **kw: Any) -> str:
+    buckets = bindparam(None, element.buckets, type_=postgresql.ARRAY(Integer))
+    return compiler.process(Sample.bucket == any_(buckets), **kw)
 
 
 class Sample(Base):
