@@ -33,10 +33,19 @@ _READINGS = (
 )
 
 
+# Buffers the client backends wrote out themselves: pg_stat_io from PostgreSQL 16 (17
+# dropped pg_stat_bgwriter.buffers_backend), the bgwriter's counter before it.
+_BACKEND_WRITES_IO = (
+    "SELECT coalesce(sum(writes), 0) FROM pg_stat_io WHERE backend_type = 'client backend'"
+)
+_BACKEND_WRITES_BGWRITER = "SELECT buffers_backend FROM pg_stat_bgwriter"
+
+
 def _reading(url: str, pid: int, mon: Any) -> tuple[float, float, dict[str, Any], int]:
     """Now: wall clock, the COPY server process's CPU time, postgres_state, and the
     buffers PostgreSQL's backends have written out themselves."""
-    written = mon.execute("SELECT buffers_backend FROM pg_stat_bgwriter").fetchone()[0]
+    has_io = mon.execute("SELECT to_regclass('pg_catalog.pg_stat_io') IS NOT NULL").fetchone()[0]
+    written = mon.execute(_BACKEND_WRITES_IO if has_io else _BACKEND_WRITES_BGWRITER).fetchone()[0]
     return time.perf_counter(), rss_cpu(pid)[1], postgres_state(url), int(written)
 
 
