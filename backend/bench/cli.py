@@ -16,6 +16,15 @@ from trainguard.backend.cli import DbUrlOpt, fail
 
 app = typer.Typer(help="Benchmarks (results go to docs/benchmarks.md).", no_args_is_help=True)
 
+# What the generated nodes send. Agents switch to MessagePack when the backend offers it
+# (every ingest answer's Accept-Post), so msgpack is what a fleet sends.
+EncodingOpt = Annotated[str, typer.Option(help="json | msgpack: the batches' Content-Type")]
+
+
+def _check_encoding(encoding: str) -> None:
+    if encoding not in ("json", "msgpack"):
+        fail(f"--encoding must be json or msgpack, not {encoding!r}")
+
 
 @app.command("ingest")
 def bench_ingest(
@@ -31,9 +40,7 @@ def bench_ingest(
     server_workers: Annotated[
         int, typer.Option(min=1, max=64, help="backend processes (`server --workers`; PostgreSQL)")
     ] = 1,
-    encoding: Annotated[
-        str, typer.Option(help="json | msgpack: the batches' Content-Type")
-    ] = "json",
+    encoding: EncodingOpt = "json",
     database_url: DbUrlOpt = None,
     data_dir: Annotated[Path, typer.Option()] = Path("data/bench"),
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8311,
@@ -42,9 +49,7 @@ def bench_ingest(
     """Sustained end-to-end ingest: load generators -> HTTP -> one backend -> database."""
     from trainguard.backend.bench.ingest import run
 
-    if encoding not in ("json", "msgpack"):
-        fail(f"--encoding must be json or msgpack, not {encoding!r}")
-
+    _check_encoding(encoding)
     _print_report(
         run(
             nodes,
@@ -243,6 +248,7 @@ def bench_soak(
     server_workers: Annotated[
         int, typer.Option(min=1, max=64, help="backend processes (`server --workers`; PostgreSQL)")
     ] = 1,
+    encoding: EncodingOpt = "json",
     database_url: DbUrlOpt = None,
     data_dir: Annotated[Path, typer.Option()] = Path("data/soak"),
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8316,
@@ -251,6 +257,7 @@ def bench_soak(
     """Memory over a sustained ingest run: backend and agent RSS at start, middle, end."""
     from trainguard.backend.bench.soak import run
 
+    _check_encoding(encoding)
     _print_report(
         run(
             minutes,
@@ -266,6 +273,7 @@ def bench_soak(
             json_out=json_out,
             batch_interval=batch_interval,
             server_workers=server_workers,
+            encoding=encoding,
         )
     )
 

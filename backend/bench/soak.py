@@ -75,6 +75,7 @@ def run(
     json_out: Path | None = None,
     batch_interval: float | None = None,
     server_workers: int = 1,
+    encoding: str = "json",
 ) -> dict[str, Any]:
     """Load one backend for `minutes` with `agents` real agents and `nodes` generated nodes
     (`gpus` GPUs each, a batch every `period` s); report RSS of the backend and agents.
@@ -147,7 +148,7 @@ def run(
         gens = [
             ctx.Process(
                 target=_gen_worker,
-                args=(base, names[w::workers], gpus, period, batch_interval, duration, q),
+                args=(base, names[w::workers], gpus, period, batch_interval, duration, q, encoding),
             )
             for w in range(workers if nodes else 0)
         ]
@@ -212,6 +213,7 @@ def run(
         "gpus_per_node": gpus,
         "batch_interval_s": batch_interval,
         "server_workers": server_workers,
+        "encoding": encoding,
         "offered_samples_per_s": round((nodes + agents) * gpus / period),
         "stored_samples_per_s": round(stored / span),
         # Of the generators' samples sent, those stored (a batch behind its schedule at

@@ -29,8 +29,9 @@ def test_a_short_soak_reports_backend_and_agent_memory(tmp_path: Path) -> None:
         data_dir=tmp_path,
         port=free_port(),
         json_out=tmp_path / "soak.json",
+        encoding="msgpack",  # what agents send a backend that offers it
     )
-    assert report["generator_errors"] == 0
+    assert report["generator_errors"] == 0 and report["encoding"] == "msgpack"
     assert report["stored_samples_per_s"] > 0
     # The generated nodes' samples, counted apart from the agents': all those sent.
     assert report["generated_stored_of_sent"] == 1.0
@@ -43,3 +44,14 @@ def test_a_short_soak_reports_backend_and_agent_memory(tmp_path: Path) -> None:
     assert 20 < report["backend_rss_mib_start"] <= report["backend_rss_mib_max"] < 2000
     assert 10 < report["agent_rss_mib_start"] <= report["agent_rss_mib_max"] < 1000
     assert (tmp_path / "soak.json").read_text().count('"backend_mib"') >= 10
+
+
+def test_an_unknown_encoding_is_one_line_and_a_nonzero_exit() -> None:
+    from typer.testing import CliRunner
+
+    from trainguard.backend.bench.cli import app
+
+    for command in ("soak", "ingest"):
+        got = CliRunner().invoke(app, [command, "--encoding", "xml"])
+        assert got.exit_code != 0 and "Traceback" not in got.output
+        assert got.output.strip().endswith("--encoding must be json or msgpack, not 'xml'")
