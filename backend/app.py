@@ -165,6 +165,7 @@ def create_app(settings: Settings) -> FastAPI:
     writer = IngestWriter(
         engine,
         max_delay_s=settings.writer_max_delay_s,
+        min_group=settings.writer_min_group_batches,
         on_stored=lambda stored: _after_store(stored),
     )
     notifier = Notifier()

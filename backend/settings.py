@@ -42,8 +42,11 @@ class Settings(BaseSettings):
     rollup_60_retention_s: float = 7 * 86400
     rollup_900_retention_s: float = 90 * 86400
     retention_interval_s: float = 60.0
-    # Writer: group commit of concurrent ingest batches.
+    # Writer: group commit of concurrent ingest batches. A group waits up to max_delay_s
+    # for company while it holds fewer than min_group_batches batches (evidence never
+    # waits).
     writer_max_delay_s: float = 0.05
+    writer_min_group_batches: int = Field(default=4, ge=1)
     # `trainguard server` freezes its startup heap and collects young objects less often
     # (backend/app.py: tune_gc); false keeps CPython's defaults (for comparison).
     gc_tuning: bool = True

@@ -111,8 +111,10 @@ class IngestWriter(BulkStatements):
         max_rows: int = 200_000,
         on_stored: Callable[[Stored], None] | None = None,
         yield_max_s: float = 0.2,
+        min_group: int = 4,
     ) -> None:
         self.engine = engine
+        self.min_group = min_group
         self.yield_max_s = yield_max_s
         self.max_delay_s = max_delay_s
         self.max_rows = max_rows
@@ -177,7 +179,7 @@ class IngestWriter(BulkStatements):
             # group is small, so a lone batch is not delayed for long.
             while rows < self.max_rows:
                 try:
-                    wait = len(group) < 4 and not urgent
+                    wait = len(group) < self.min_group and not urgent
                     timeout = max(0.0, deadline - time.monotonic()) if wait else 0
                     item = self._q.get(timeout=timeout) if timeout else self._q.get_nowait()
                 except queue.Empty:

@@ -306,6 +306,39 @@ def test_evidence_in_a_busy_group_is_stored_first_in_its_own_transaction(db_url:
     assert count(db_url, Sample) == 88
 
 
+def test_a_group_waits_for_company_while_it_holds_fewer_than_min_group_batches(
+    db_url: str,
+) -> None:
+    """writer_min_group_batches: a lone batch waits up to max_delay_s for others (one
+    transaction for two batches 0.1 s apart); with 1 it is stored at once, alone."""
+    from trainguard.backend import db
+    from trainguard.backend.ingest.writer import IngestWriter
+
+    transactions = {}
+    for min_group in (100, 1):
+        engine = db.make_engine(db_url)
+        writer = IngestWriter(engine, max_delay_s=2.0, min_group=min_group)
+        writer.start()
+        try:
+            batches = [
+                wire.decode_batch(make_batch(seq, agent_id=f"agent{min_group:06d}"))
+                for seq in (1, 2)
+            ]
+            for b in batches:
+                b.events = []  # evidence never waits: routine batches only
+            first = writer.submit(batches[0], time.time())
+            time.sleep(0.1)
+            second = writer.submit(batches[1], time.time())
+            assert not first.result(timeout=30).duplicate
+            assert not second.result(timeout=30).duplicate
+        finally:
+            writer.stop()
+            engine.dispose()
+        transactions[min_group] = writer.stats["transactions"]
+    assert transactions == {100: 1, 1: 2}
+    assert count(db_url, Sample) == 4 * 8
+
+
 def test_every_reading_is_stored_in_its_column(client: Any, db_url: str) -> None:
     """Each wire field lands in the column of its name (the writer copies a sample's
     fields in wire order), missing readings as NULL."""
