@@ -371,6 +371,30 @@ def bench_sample_index(
     typer.echo(table(result))
 
 
+@app.command("sample-layout")
+def bench_sample_layout(
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs whose batch each round stores")] = 16_384,
+    batch_interval: Annotated[
+        int, typer.Option(min=1, max=64, help="samples per GPU per batch (1 Hz)")
+    ] = 8,
+    rounds: Annotated[int, typer.Option(min=1, help="rounds, the layouts' order alternating")] = 4,
+    database_url: DbUrlOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """PostgreSQL's and the client's cost per sample: a row per sample (`samples` now)
+    against a row per GPU per batch, as arrays or as packed records."""
+    import json
+
+    from trainguard.backend.bench.sample_layout import run, table
+
+    if not (database_url or "").startswith("postgresql"):
+        fail("bench sample-layout needs a PostgreSQL --database-url")
+    result = run(database_url or "", gpus, batch_interval, rounds)
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=2))
+    typer.echo(table(result))
+
+
 def _print_report(report: dict) -> None:
     width = max(len(k) for k in report)
     for k, v in report.items():
