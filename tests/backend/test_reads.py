@@ -39,7 +39,10 @@ def post_gpus(
 
 
 def test_node_health_follows_last_seen_and_xids(make_client: Any) -> None:
-    client = make_client(node_down_after_s=3.0)
+    # Degraded from 2 s of silence, down from 6 s: a 4 s window to see it in. With 3 s
+    # (a 2 s window) a full run on a busy machine once never saw `degraded` in 5 s of
+    # polling: a poll delayed past the window finds the node down.
+    client = make_client(node_down_after_s=6.0)
     now = time.time()
     post(client, "quiet", 1, [wire.GpuSample(uuid="GPU-quiet-0", ts=now, util=10.0)])
     post(client, "xid", 1, [], events=[wire.Event(kind="xid", ts=now, xid=79)])
@@ -48,8 +51,8 @@ def test_node_health_follows_last_seen_and_xids(make_client: Any) -> None:
     assert nodes["quiet"]["simulated"] is True and nodes["quiet"]["gpu_count"] == 1
     assert nodes["xid"]["status"] == "degraded"
     # Silence: degraded after a third of the window, down after all of it.
-    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "degraded", 5)
-    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "down", 10)
+    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "degraded", 10)
+    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "down", 20)
     client.post("/api/v1/nodes/quiet/cordon", json={"reason": "bad HBM"})
     assert client.get("/api/v1/nodes/quiet").json()["status"] == "cordoned"
     assert client.get("/api/v1/nodes/nope").status_code == 404
