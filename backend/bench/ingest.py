@@ -244,6 +244,14 @@ def merged_timings(
     return sent_lat, lat, first, slip
 
 
+def generator_cpu(results: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
+    """The load generators' CPU over the run, in cores: all of them, and each process's."""
+    return {
+        "load_generator_cpu_cores": round(sum(r["cpu_s"] for r in results) / elapsed, 2),
+        "load_generator_cpu_cores_by_process": [round(r["cpu_s"] / elapsed, 2) for r in results],
+    }
+
+
 def _by_window(sent_lat: list[tuple[float, float]], window: float) -> list[float | None]:
     if not sent_lat:
         return []
@@ -560,8 +568,7 @@ def run(
             1000 * (sum(r for r, _ in rss_cpu1) - sum(r for r, _ in rss_cpu0)) / nodes, 1
         ),
         # The same machine ran the load and the database: what they took, in cores.
-        "load_generator_cpu_cores": round(sum(r["cpu_s"] for r in results) / elapsed, 2),
-        "load_generator_cpu_cores_by_process": [round(r["cpu_s"] / elapsed, 2) for r in results],
+        **generator_cpu(results, elapsed),
         "postgres_cpu_cores": round((pg1 - pg0) / elapsed, 2),
         **postgres_report(pgs0, pgs1, stored),
         "machine_busy_cores": round((busy1 - busy0) / elapsed, 2),
