@@ -26,6 +26,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from trainguard.backend.models.base import Base, BigId
 
@@ -159,27 +160,34 @@ def in_sample_window(since: float, until: float) -> ColumnElement[bool]:
 class _InBuckets(ColumnElement[bool]):
     """`samples.bucket IN (...)`; on PostgreSQL `= ANY(:buckets)`, one array parameter.
     A 6-hour chart names 2,700 buckets: as that many parameters PostgreSQL's planner read
-    the query in 107 ms, as one array in 76 (docs/benchmarks.md, "What reads pay")."""
+    the query in 107 ms, as one array in 76 (docs/benchmarks.md, "What reads pay").
+
+    The buckets are bound parameters, children of the element: a statement's cache key
+    is its shape, so a read repeated over other windows is compiled once (each dialect
+    renders one of the two parameters; the other is never part of the SQL)."""
 
     type = Boolean()
     # A condition as it stands (as `x IN (...)` is), not a value SQLite must compare to 1.
     _is_implicitly_boolean = True
-    # The buckets are values, not part of the statement's shape; no cache key is derived.
-    inherit_cache = False
+    inherit_cache = True
+    _traverse_internals = [
+        ("as_array", InternalTraversal.dp_clauseelement),
+        ("as_list", InternalTraversal.dp_clauseelement),
+    ]
 
     def __init__(self, buckets: list[int]) -> None:
-        self.buckets = buckets
+        self.as_array = bindparam(None, buckets, type_=postgresql.ARRAY(Integer))
+        self.as_list = bindparam(None, buckets, type_=Integer, expanding=True)
 
 
 @compiles(_InBuckets)
 def _in_buckets(element: _InBuckets, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(Sample.bucket.in_(element.buckets), **kw)
+    return compiler.process(Sample.bucket.in_(element.as_list), **kw)
 
 
 @compiles(_InBuckets, "postgresql")
 def _in_buckets_pg(element: _InBuckets, compiler: SQLCompiler, **kw: Any) -> str:
-    buckets = bindparam(None, element.buckets, type_=postgresql.ARRAY(Integer))
-    return compiler.process(Sample.bucket == any_(buckets), **kw)
+    return compiler.process(Sample.bucket == any_(element.as_array), **kw)
 
 
 class Sample(Base):

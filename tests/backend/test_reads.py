@@ -178,3 +178,35 @@ def test_a_gpu_silent_for_minutes_still_shows_its_last_sample(client: Any) -> No
     post_gpus(client, "mute", 2, gpus, [wire.GpuSample(uuid="GPU-mute-0", ts=now, util=77.0)])
     latest = [g["latest"] for g in client.get("/api/v1/nodes/mute/gpus").json()]
     assert [(s["ts"], s["util"]) for s in latest] == [(now, 77.0), (old, 31.0)]
+
+
+def test_a_window_read_is_compiled_once_and_each_window_binds_its_own_buckets(
+    db_url: str,
+) -> None:
+    """The buckets are bound parameters (models.cluster._InBuckets): one compiled statement
+    serves every window, and a window read through it holds its own samples, not those of
+    the window it was compiled for."""
+    from sqlalchemy import func, insert, select
+
+    from trainguard.backend import db
+    from trainguard.backend.models import Sample, in_sample_window
+
+    engine = db.make_engine(db_url)
+    t0 = 1_700_000_000.0  # a bucket's start (t0 / 8 is whole)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(Sample), [{"gpu_id": 7, "ts": t0 + i, "util": float(i)} for i in range(100)]
+        )
+    cache: dict[Any, Any] = {}
+    windows = [(3, 5), (0, 99), (10, 10), (7, 40), (3, 5), (90, 200), (50, 49)]
+    with engine.connect().execution_options(compiled_cache=cache) as conn:
+        for lo, hi in windows:
+            count, total = conn.execute(
+                select(func.count(), func.sum(Sample.util)).where(
+                    Sample.gpu_id == 7, in_sample_window(t0 + lo, t0 + hi)
+                )
+            ).one()
+            inside = [float(i) for i in range(100) if lo <= i <= hi]
+            assert (count, total) == (len(inside), sum(inside) if inside else None), (lo, hi)
+    assert len(cache) == 1
+    engine.dispose()
