@@ -7,8 +7,9 @@ Each command imports its benchmark when it runs.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -359,16 +360,10 @@ def bench_sample_index(
 ) -> None:
     """PostgreSQL's cost per stored sample as samples accumulate, with the samples' index
     before migration 0011, (gpu_id, ts), and after it, (bucket, gpu_id, ts)."""
-    import json
-
     from trainguard.backend.bench.sample_index import run, table
 
-    if not (database_url or "").startswith("postgresql"):
-        fail("bench sample-index needs a PostgreSQL --database-url")
-    result = run(database_url or "", gpus, seconds, window, batch_interval)
-    if json_out is not None:
-        json_out.write_text(json.dumps(result, indent=2))
-    typer.echo(table(result))
+    result = run(_postgres_url("sample-index", database_url), gpus, seconds, window, batch_interval)
+    _write_result(result, table(result), json_out)
 
 
 @app.command("sample-layout")
@@ -383,16 +378,23 @@ def bench_sample_layout(
 ) -> None:
     """PostgreSQL's and the client's cost per sample: a row per sample (`samples` now)
     against a row per GPU per batch, as arrays or as packed records."""
-    import json
-
     from trainguard.backend.bench.sample_layout import run, table
 
+    result = run(_postgres_url("sample-layout", database_url), gpus, batch_interval, rounds)
+    _write_result(result, table(result), json_out)
+
+
+def _postgres_url(command: str, database_url: str | None) -> str:
+    """The URL of a bench that measures PostgreSQL itself; one line and exit 2 otherwise."""
     if not (database_url or "").startswith("postgresql"):
-        fail("bench sample-layout needs a PostgreSQL --database-url")
-    result = run(database_url or "", gpus, batch_interval, rounds)
+        fail(f"bench {command} needs a PostgreSQL --database-url")
+    return database_url or ""
+
+
+def _write_result(result: dict[str, Any], table: str, json_out: Path | None) -> None:
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=2))
-    typer.echo(table(result))
+    typer.echo(table)
 
 
 def _print_report(report: dict) -> None:
