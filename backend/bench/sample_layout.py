@@ -6,6 +6,8 @@ with the generated bucket and the (bucket, gpu_id, ts) index of migration 0011:
 
 - `row`: `samples` itself (`LIKE samples`), a row per sample, written with the ingest
   writer's columns and binary COPY types;
+- `row-unindexed`: the same rows without the index: the heap's share of `row`, and so
+  what the index costs (a reference, not a layout to keep: reads need the index);
 - `arrays`: a row per GPU per batch, each reading an array of the batch's samples (as
   psycopg dumps Python lists);
 - `packed`: a row per GPU per batch (its first sample's ts), its samples as fixed-width
@@ -31,7 +33,7 @@ from trainguard.backend.bench.common import rss_cpu
 from trainguard.backend.bench.sample_index import _READINGS, _T0
 from trainguard.backend.ingest.statements import _PG_TYPES, SAMPLE_COLUMNS
 
-LAYOUTS = ("row", "arrays", "packed")
+LAYOUTS = ("row", "row-unindexed", "arrays", "packed")
 _TABLE = "bench_sample_layout_"
 # One packed record: ts, then the readings in SAMPLE_COLUMNS order, each at its column's
 # width (float4, float8, int8, int4, bool).
@@ -39,10 +41,14 @@ _FORMAT = {"float4": "f", "float8": "d", "int8": "q", "int4": "i", "int2": "h", 
 RECORD = struct.Struct("<d" + "".join(_FORMAT[t] for t in _PG_TYPES[2:]))
 
 
+def _table(layout: str) -> str:
+    return _TABLE + layout.replace("-", "_")
+
+
 def _create(conn: Any, layout: str) -> None:
-    table = _TABLE + layout
+    table = _table(layout)
     conn.execute(f"DROP TABLE IF EXISTS {table}")
-    if layout == "row":
+    if layout in ("row", "row-unindexed"):
         conn.execute(f"CREATE TABLE {table} (LIKE samples INCLUDING GENERATED)")
     else:
         readings = SAMPLE_COLUMNS[2:]
@@ -56,12 +62,13 @@ def _create(conn: Any, layout: str) -> None:
             f"CREATE TABLE {table} (gpu_id integer, ts float8, {values}, "
             "bucket integer GENERATED ALWAYS AS (floor(ts / 8)::integer) STORED)"
         )
-    conn.execute(f"CREATE INDEX ON {table} (bucket, gpu_id, ts)")
+    if layout != "row-unindexed":
+        conn.execute(f"CREATE INDEX ON {table} (bucket, gpu_id, ts)")
 
 
 def _write(conn: Any, layout: str, gpus: int, batch_s: int, base: float) -> None:
-    table = _TABLE + layout
-    if layout == "row":
+    table = _table(layout)
+    if layout in ("row", "row-unindexed"):
         cols, types = ", ".join(SAMPLE_COLUMNS), _PG_TYPES
     elif layout == "arrays":
         cols = ", ".join(("gpu_id", "ts", "tss", *SAMPLE_COLUMNS[2:]))
@@ -76,7 +83,7 @@ def _write(conn: Any, layout: str, gpus: int, batch_s: int, base: float) -> None
         copy.set_types(types)
         for gpu in range(1, gpus + 1):
             stamps = [base + k + 0.001 * (gpu % 997) for k in range(batch_s)]
-            if layout == "row":
+            if layout in ("row", "row-unindexed"):
                 for ts in stamps:
                     copy.write_row((gpu, ts, *_READINGS))
             elif layout == "arrays":
@@ -129,14 +136,14 @@ def run(database_url: str, gpus: int, batch_s: int, rounds: int) -> dict[str, An
                     per[layout]["client"].append(1e6 * (client1 - client0) / samples)
                     per[layout]["wal"].append(float(wal) / samples)
             for layout in LAYOUTS:
-                table = _TABLE + layout
+                table = _table(layout)
                 size, rows = _one(
                     conn, f"SELECT pg_total_relation_size('{table}'), count(*) FROM {table}"
                 )
                 sizes[layout] = {"rows": rows, "bytes": size}
         finally:
             for layout in LAYOUTS:
-                conn.execute(f"DROP TABLE IF EXISTS {_TABLE + layout}")
+                conn.execute(f"DROP TABLE IF EXISTS {_table(layout)}")
     return {
         "gpus": gpus,
         "samples_per_gpu_per_batch": batch_s,

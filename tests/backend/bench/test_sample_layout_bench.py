@@ -14,9 +14,12 @@ from trainguard.backend.bench.sample_index import _READINGS
 def test_every_layout_stores_the_rounds_and_leaves_no_table(pg_database: str) -> None:
     result = sample_layout.run(pg_database, gpus=16, batch_s=4, rounds=2)
     by = {x["layout"]: x for x in result["layouts"]}
-    assert list(by) == ["row", "arrays", "packed"]
+    assert list(by) == ["row", "row-unindexed", "arrays", "packed"]
     # 16 GPUs x 4 samples x 2 rounds: a row per sample, or a row per GPU per batch.
-    assert by["row"]["rows"] == 128 and by["arrays"]["rows"] == by["packed"]["rows"] == 32
+    assert by["row"]["rows"] == by["row-unindexed"]["rows"] == 128
+    assert by["arrays"]["rows"] == by["packed"]["rows"] == 32
+    # Without the index the same rows take less room: the index's bytes are gone.
+    assert by["row-unindexed"]["table_bytes_per_sample"] < by["row"]["table_bytes_per_sample"]
     for x in by.values():
         assert x["wal_bytes_per_sample"] > 0 and x["table_bytes_per_sample"] > 0
         assert x["pg_cpu_us_per_sample"] >= 0 and x["client_cpu_us_per_sample"] >= 0
