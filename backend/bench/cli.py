@@ -355,14 +355,23 @@ def bench_sample_index(
     seconds: Annotated[int, typer.Option(min=1, help="simulated seconds per layout")] = 300,
     window: Annotated[int, typer.Option(min=1, help="simulated seconds per reported row")] = 30,
     batch_interval: Annotated[int, typer.Option(min=1, max=64, help="seconds a batch")] = 8,
+    layout: Annotated[
+        list[str] | None,
+        typer.Option(help="gpu_ts | bucket_gpu_ts | bucket_gpu, repeatable (default: all)"),
+    ] = None,
     database_url: DbUrlOpt = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
 ) -> None:
     """PostgreSQL's cost per stored sample as samples accumulate, with the samples' index
-    before migration 0011, (gpu_id, ts), and after it, (bucket, gpu_id, ts)."""
-    from trainguard.backend.bench.sample_index import run, table
+    before migration 0011, (gpu_id, ts), after it, (bucket, gpu_id, ts), and without ts,
+    (bucket, gpu_id)."""
+    from trainguard.backend.bench.sample_index import LAYOUTS, run, table
 
-    result = run(_postgres_url("sample-index", database_url), gpus, seconds, window, batch_interval)
+    url = _postgres_url("sample-index", database_url)
+    unknown = [x for x in layout or () if x not in LAYOUTS]
+    if unknown:
+        fail(f"unknown --layout {unknown[0]!r}: one of {', '.join(LAYOUTS)}")
+    result = run(url, gpus, seconds, window, batch_interval, layout)
     _write_result(result, table(result), json_out)
 
 

@@ -1,18 +1,21 @@
 """`trainguard bench sample-index`: PostgreSQL's cost per stored sample as the raw samples
-accumulate, with the samples' index before migration 0011, (gpu_id, ts), and after it,
-(bucket, gpu_id, ts).
+accumulate, with the samples' index before migration 0011, (gpu_id, ts), after it,
+(bucket, gpu_id, ts), and without ts, (bucket, gpu_id): an index whose key PostgreSQL can
+deduplicate (a float8 in the key rules that out), a GPU's 8 samples of a bucket one entry.
 
 The goal's write pattern, straight into PostgreSQL with no backend in between: `gpus`
 GPUs, 8 a node; each second an eighth of the nodes (for a batch interval of 8 s) sends
 its last 8 s of samples, and the second's batches are stored as about 20 group commits,
 each one binary COPY of the ingest writer's columns and types, as the writer stores them.
-Both layouts are tables shaped like `samples` (its generated bucket included), differing
+The layouts are tables shaped like `samples` (its generated bucket included), differing
 only in their index, written one after the other in the same run.
 
 Reported per window of simulated seconds, per layout: PostgreSQL's CPU per row (the
 server process of the COPY), the whole run's wall time per row, WAL per row, checkpoints,
 and the buffers the server process had to write out itself to make room (dirty pages it
-evicted: the index's working set outgrowing shared_buffers).
+evicted: the index's working set outgrowing shared_buffers), the index blocks read in from
+outside shared_buffers (pg_statio: evicted leaves read back, or new ones), and the
+index's size per row at the end.
 """
 
 from __future__ import annotations
@@ -24,7 +27,11 @@ from trainguard.backend.bench.common import rss_cpu
 from trainguard.backend.bench.ingest import postgres_state
 from trainguard.backend.ingest.statements import _PG_TYPES, SAMPLE_COLUMNS
 
-LAYOUTS = {"gpu_ts": ("gpu_id", "ts"), "bucket_gpu_ts": ("bucket", "gpu_id", "ts")}
+LAYOUTS = {
+    "gpu_ts": ("gpu_id", "ts"),
+    "bucket_gpu_ts": ("bucket", "gpu_id", "ts"),
+    "bucket_gpu": ("bucket", "gpu_id"),
+}
 _T0 = 1_700_000_000.0
 # One H100's readings (SAMPLE_COLUMNS after gpu_id and ts).
 _READINGS = (
@@ -41,12 +48,21 @@ _BACKEND_WRITES_IO = (
 _BACKEND_WRITES_BGWRITER = "SELECT buffers_backend FROM pg_stat_bgwriter"
 
 
-def _reading(url: str, pid: int, mon: Any) -> tuple[float, float, dict[str, Any], int]:
-    """Now: wall clock, the COPY server process's CPU time, postgres_state, and the
-    buffers PostgreSQL's backends have written out themselves."""
+def _reading(
+    url: str, pid: int, mon: Any, table: str
+) -> tuple[float, float, dict[str, Any], int, int]:
+    """Now: wall clock, the COPY server process's CPU time, postgres_state, the buffers
+    PostgreSQL's backends have written out themselves, and the table's index blocks read
+    from outside shared_buffers."""
     has_io = mon.execute("SELECT to_regclass('pg_catalog.pg_stat_io') IS NOT NULL").fetchone()[0]
     written = mon.execute(_BACKEND_WRITES_IO if has_io else _BACKEND_WRITES_BGWRITER).fetchone()[0]
-    return time.perf_counter(), rss_cpu(pid)[1], postgres_state(url), int(written)
+    # The statistics collector's view as of now, not as of this transaction's first read.
+    mon.execute("SELECT pg_stat_clear_snapshot()")
+    index_read = mon.execute(
+        "SELECT coalesce(idx_blks_read, 0) FROM pg_statio_user_tables WHERE relname = %s",
+        (table,),
+    ).fetchone()[0]
+    return time.perf_counter(), rss_cpu(pid)[1], postgres_state(url), int(written), int(index_read)
 
 
 def _write_second(conn: Any, table: str, sec: int, nodes: int, batch_s: int) -> int:
@@ -75,7 +91,8 @@ def _write_second(conn: Any, table: str, sec: int, nodes: int, batch_s: int) -> 
 
 def _run_layout(
     url: str, conninfo: str, layout: str, gpus: int, seconds: int, window: int, batch_s: int
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], float]:
+    """The layout's windows, and its index's bytes per row at the end."""
     import psycopg
 
     table = f"bench_sample_index_{layout}"
@@ -89,13 +106,13 @@ def _run_layout(
         conn.execute(f"CREATE INDEX ON {table} ({', '.join(LAYOUTS[layout])})")
         pid = conn.info.backend_pid
         try:
-            start = _reading(url, pid, mon)
-            rows = 0
+            start = _reading(url, pid, mon, table)
+            rows = total = 0
             for sec in range(seconds):
                 rows += _write_second(conn, table, sec, gpus // 8, batch_s)
                 if (sec + 1) % window and sec + 1 != seconds:
                     continue
-                now = _reading(url, pid, mon)
+                now = _reading(url, pid, mon, table)
                 out.append(
                     {
                         "layout": layout,
@@ -108,16 +125,27 @@ def _run_layout(
                         ),
                         "checkpoints": now[2]["checkpoints"] - start[2]["checkpoints"],
                         "buffers_written_by_backend": now[3] - start[3],
+                        "index_blocks_read": now[4] - start[4],
                     }
                 )
-                start, rows = now, 0
+                start, total, rows = now, total + rows, 0
+            found = mon.execute("SELECT pg_indexes_size(%s::regclass)", (table,)).fetchone()
+            size = round((found[0] if found else 0) / total, 1)
         finally:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
-    return out
+    return out, size
 
 
-def run(database_url: str, gpus: int, seconds: int, window: int, batch_s: int) -> dict[str, Any]:
-    """Both layouts, one after the other, on `database_url` (PostgreSQL, at head)."""
+def run(
+    database_url: str,
+    gpus: int,
+    seconds: int,
+    window: int,
+    batch_s: int,
+    layouts: list[str] | None = None,
+) -> dict[str, Any]:
+    """The layouts (all by default), one after the other, on `database_url` (PostgreSQL,
+    at head)."""
     from sqlalchemy.engine import make_url
 
     from trainguard.backend import db
@@ -126,11 +154,13 @@ def run(database_url: str, gpus: int, seconds: int, window: int, batch_s: int) -
     conninfo = make_url(database_url).set(drivername="postgresql")
     dsn = conninfo.render_as_string(hide_password=False)
     state = postgres_state(database_url)
-    windows = [
-        w
-        for layout in LAYOUTS
-        for w in _run_layout(database_url, dsn, layout, gpus, seconds, window, batch_s)
-    ]
+    windows: list[dict[str, Any]] = []
+    index_size: dict[str, float] = {}
+    for layout in layouts or LAYOUTS:
+        got, index_size[layout] = _run_layout(
+            database_url, dsn, layout, gpus, seconds, window, batch_s
+        )
+        windows += got
     return {
         "gpus": gpus,
         "simulated_s": seconds,
@@ -138,6 +168,7 @@ def run(database_url: str, gpus: int, seconds: int, window: int, batch_s: int) -
         "postgres_shared_buffers": state["shared_buffers"],
         "postgres_max_wal_size": state["max_wal_size"],
         "windows": windows,
+        "index_bytes_per_row": index_size,
     }
 
 
@@ -154,8 +185,11 @@ def table(result: dict[str, Any]) -> str:
         "wal_bytes_per_row",
         "checkpoints",
         "buffers_written_by_backend",
+        "index_blocks_read",
     ]
     lines = [head, "  ".join(cols)]
     for w in result["windows"]:
         lines.append("  ".join(f"{w[c]!s:>{len(c)}}" for c in cols))
+    for layout, size in result["index_bytes_per_row"].items():
+        lines.append(f"index bytes per row at the end, {layout}: {size}")
     return "\n".join(lines)
