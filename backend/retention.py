@@ -65,8 +65,8 @@ def _upsert_tail() -> str:
 _COLS = ("gpu_id", "width_s", "bucket", "n", "ts", *_MEAN, "util_max", "temp_max", *_MAX)
 
 
-# Raw samples older than the cutoff: the oldest buckets, a prefix of ix_samples_bucket_gpu_ts
-# (migration 0011); ts cuts the last of them, which the cutoff may split.
+# Raw samples older than the cutoff: the oldest buckets, a prefix of ix_samples_bucket_gpu
+# (migrations 0011, 0012); ts cuts the last of them, which the cutoff may split.
 _RAW_BEFORE_CUTOFF = "samples WHERE bucket <= :cutoff_bucket AND ts < :cutoff"
 
 

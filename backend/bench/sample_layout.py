@@ -2,7 +2,7 @@
 per sample, as `samples` stores them now, measured before anything is built on it.
 
 The same readings (one H100's, as `bench sample-index` writes them) in three tables, each
-with the generated bucket and the (bucket, gpu_id, ts) index of migration 0011:
+with the generated bucket and the (bucket, gpu_id) index of migrations 0011 and 0012:
 
 - `row`: `samples` itself (`LIKE samples`), a row per sample, written with the ingest
   writer's columns and binary COPY types;
@@ -63,7 +63,7 @@ def _create(conn: Any, layout: str) -> None:
             "bucket integer GENERATED ALWAYS AS (floor(ts / 8)::integer) STORED)"
         )
     if layout != "row-unindexed":
-        conn.execute(f"CREATE INDEX ON {table} (bucket, gpu_id, ts)")
+        conn.execute(f"CREATE INDEX ON {table} (bucket, gpu_id)")
 
 
 def _write(conn: Any, layout: str, gpus: int, batch_s: int, base: float) -> None:

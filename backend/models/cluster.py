@@ -123,11 +123,12 @@ def no_reading(sample: Any) -> bool:
 
 # A sample's bucket: its time in SAMPLE_BUCKET_S windows, stored by the database itself
 # (a generated column, so every writer gets it right). Samples are indexed by
-# (bucket, gpu_id, ts): the rows written in the last few seconds share one small region of
-# the index, whatever the number of GPUs. Indexed by (gpu_id, ts), every GPU appended at a
-# leaf page of its own: 131,072 GPUs kept ~1 GB of leaf pages hot, more than PostgreSQL's
-# buffers, and each checkpoint wrote every one of them to the WAL again (docs/benchmarks.md,
-# "The samples' index"). A read of one GPU's window names its buckets (in_sample_window).
+# (bucket, gpu_id) (migrations 0011, 0012): the rows written in the last few seconds share
+# one small region of the index, whatever the number of GPUs. Indexed by (gpu_id, ts),
+# every GPU appended at a leaf page of its own: 131,072 GPUs kept ~1 GB of leaf pages hot,
+# more than PostgreSQL's buffers, and each checkpoint wrote every one of them to the WAL
+# again (docs/benchmarks.md, "The samples' index"). A read of one GPU's window names its
+# buckets (in_sample_window).
 SAMPLE_BUCKET_S = 8
 # floor(ts / 8), PostgreSQL's text; on SQLite migration 0011 wrote CAST(ts / 8 AS INTEGER),
 # the same for the wire's ts >= 0 and needing no math functions compiled in.
@@ -194,12 +195,15 @@ class Sample(Base):
     """GPU readings at one instant (raw; bounded retention)."""
 
     __tablename__ = "samples"
-    # One index, (bucket, gpu_id, ts): every read is one GPU's (or node's) window, and the
-    # retention pruner cuts the oldest buckets, a prefix of the index. No surrogate id and
-    # no index on ts alone: each of them cost PostgreSQL as much per stored sample as the
-    # heap row itself (migration 0009). The mapper's key is (gpu_id, ts); the table has
-    # none, so two readings of one GPU at one instant are both kept, as they were before.
-    __table_args__ = (Index("ix_samples_bucket_gpu_ts", "bucket", "gpu_id", "ts"),)
+    # One index, (bucket, gpu_id): every read is one GPU's (or node's) window, and the
+    # retention pruner cuts the oldest buckets, a prefix of the index. No ts in it: with
+    # that float8 in its key PostgreSQL could not deduplicate it, and without it a GPU's
+    # samples of a bucket are one entry, a quarter of the bytes (migration 0012). No
+    # surrogate id and no index on ts alone: each of them cost PostgreSQL as much per
+    # stored sample as the heap row itself (migration 0009). The mapper's key is
+    # (gpu_id, ts); the table has none, so two readings of one GPU at one instant are both
+    # kept, as they were before.
+    __table_args__ = (Index("ix_samples_bucket_gpu", "bucket", "gpu_id"),)
     __mapper_args__ = {"primary_key": ["gpu_id", "ts"]}
 
     # gpus.id, without a foreign key: checking one per row was half of PostgreSQL's work

@@ -103,6 +103,9 @@ def test_0011_buckets_every_sample_by_its_time(db_url: str) -> None:
     assert [(r[0], r[1]) for r in got] == [(ts, sample_bucket(ts)) for ts in times]
     assert [r[1] for r in got] == [0, 0, 1, 1, 212_500_000, 2_125_000_000]
     indexes = {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("samples")}
+    assert indexes == {"ix_samples_bucket_gpu": ["bucket", "gpu_id"]}  # 0012's
+    db.downgrade(db_url, "0011")
+    indexes = {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("samples")}
     assert indexes == {"ix_samples_bucket_gpu_ts": ["bucket", "gpu_id", "ts"]}
     db.downgrade(db_url, "0010")
     with engine.connect() as conn:
