@@ -39,20 +39,21 @@ def post_gpus(
 
 
 def test_node_health_follows_last_seen_and_xids(make_client: Any) -> None:
-    # Degraded from 2 s of silence, down from 6 s: a 4 s window to see it in. With 3 s
-    # (a 2 s window) a full run on a busy machine once never saw `degraded` in 5 s of
-    # polling: a poll delayed past the window finds the node down.
-    client = make_client(node_down_after_s=6.0)
+    # Degraded from 4 s of silence, down from 12 s: healthy for 4 s after its batch and an
+    # 8 s window to see it degraded in. Full runs on a busy machine missed narrower ones:
+    # with 3 s (degraded 1-3 s) a poll delayed past the window found the node down, and
+    # with 6 s the list read after two posts already found the node 2 s silent.
+    client = make_client(node_down_after_s=12.0)
     now = time.time()
     post(client, "quiet", 1, [wire.GpuSample(uuid="GPU-quiet-0", ts=now, util=10.0)])
+    assert client.get("/api/v1/nodes/quiet").json()["status"] == "healthy"
     post(client, "xid", 1, [], events=[wire.Event(kind="xid", ts=now, xid=79)])
     nodes = {n["name"]: n for n in client.get("/api/v1/nodes").json()}
-    assert nodes["quiet"]["status"] == "healthy"
     assert nodes["quiet"]["simulated"] is True and nodes["quiet"]["gpu_count"] == 1
     assert nodes["xid"]["status"] == "degraded"
     # Silence: degraded after a third of the window, down after all of it.
-    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "degraded", 10)
-    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "down", 20)
+    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "degraded", 15)
+    wait_for(lambda: client.get("/api/v1/nodes/quiet").json()["status"] == "down", 30)
     client.post("/api/v1/nodes/quiet/cordon", json={"reason": "bad HBM"})
     assert client.get("/api/v1/nodes/quiet").json()["status"] == "cordoned"
     assert client.get("/api/v1/nodes/nope").status_code == 404
