@@ -56,8 +56,8 @@ def _reading(
     from outside shared_buffers."""
     has_io = mon.execute("SELECT to_regclass('pg_catalog.pg_stat_io') IS NOT NULL").fetchone()[0]
     written = mon.execute(_BACKEND_WRITES_IO if has_io else _BACKEND_WRITES_BGWRITER).fetchone()[0]
-    # The statistics collector's view as of now, not as of this transaction's first read.
-    mon.execute("SELECT pg_stat_clear_snapshot()")
+    # `mon` is in autocommit: each statement is a transaction of its own, with the
+    # statistics as of now.
     index_read = mon.execute(
         "SELECT coalesce(idx_blks_read, 0) FROM pg_statio_user_tables WHERE relname = %s",
         (table,),

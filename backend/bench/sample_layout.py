@@ -1,8 +1,9 @@
 """`trainguard bench sample-layout`: what a row per GPU per batch would save against a row
 per sample, as `samples` stores them now, measured before anything is built on it.
 
-The same readings (one H100's, as `bench sample-index` writes them) in three tables, each
-with the generated bucket and the (bucket, gpu_id) index of migrations 0011 and 0012:
+The same readings (one H100's, as `bench sample-index` writes them) in four tables, each
+with the generated bucket and, all but `row-unindexed`, the index of `samples` (now
+(bucket, gpu_id), migration 0012):
 
 - `row`: `samples` itself (`LIKE samples`), a row per sample, written with the ingest
   writer's columns and binary COPY types;
@@ -32,12 +33,15 @@ from typing import Any
 from trainguard.backend.bench.common import rss_cpu
 from trainguard.backend.bench.sample_index import _READINGS, _T0
 from trainguard.backend.ingest.statements import _PG_TYPES, SAMPLE_COLUMNS
+from trainguard.backend.models import Sample
 
 LAYOUTS = ("row", "row-unindexed", "arrays", "packed")
 _TABLE = "bench_sample_layout_"
 # One packed record: ts, then the readings in SAMPLE_COLUMNS order, each at its column's
 # width (float4, float8, int8, int4, bool).
 _FORMAT = {"float4": "f", "float8": "d", "int8": "q", "int4": "i", "int2": "h", "bool": "?"}
+# The columns of `samples`' one index, from the model: every layout is indexed as it is.
+_SAMPLES_INDEX = ", ".join(next(iter(Sample.metadata.tables["samples"].indexes)).columns.keys())
 RECORD = struct.Struct("<d" + "".join(_FORMAT[t] for t in _PG_TYPES[2:]))
 
 
@@ -63,7 +67,7 @@ def _create(conn: Any, layout: str) -> None:
             "bucket integer GENERATED ALWAYS AS (floor(ts / 8)::integer) STORED)"
         )
     if layout != "row-unindexed":
-        conn.execute(f"CREATE INDEX ON {table} (bucket, gpu_id)")
+        conn.execute(f"CREATE INDEX ON {table} ({_SAMPLES_INDEX})")
 
 
 def _write(conn: Any, layout: str, gpus: int, batch_s: int, base: float) -> None:
