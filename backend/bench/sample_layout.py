@@ -41,7 +41,10 @@ _TABLE = "bench_sample_layout_"
 # width (float4, float8, int8, int4, bool).
 _FORMAT = {"float4": "f", "float8": "d", "int8": "q", "int4": "i", "int2": "h", "bool": "?"}
 # The columns of `samples`' one index, from the model: every layout is indexed as it is.
-_SAMPLES_INDEX = ", ".join(next(iter(Sample.metadata.tables["samples"].indexes)).columns.keys())
+# Unpacked, so a second index on `samples` stops the import instead of one being picked
+# by a set's order.
+(_INDEX,) = Sample.metadata.tables["samples"].indexes
+_SAMPLES_INDEX = ", ".join(_INDEX.columns.keys())
 RECORD = struct.Struct("<d" + "".join(_FORMAT[t] for t in _PG_TYPES[2:]))
 
 
