@@ -341,10 +341,22 @@ class BulkStatements:
     def _update_nodes_pg(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """One UPDATE .. FROM unnest(arrays) for every node in the group: one statement
         text whatever the group's size, where an executemany costs a round of parameter
-        handling per row (py-spy: most of the writer's own CPU at 512 batches/s)."""
+        handling per row (py-spy: most of the writer's own CPU at 512 batches/s).
+
+        Planned at every execution (`prepare=False`), never from a plan psycopg prepared
+        and PostgreSQL cached: a generic plan made while `nodes` was small (a fresh
+        database, the first nodes registering) joins by a hash over a scan of the whole
+        table, and nothing but an ANALYZE of `nodes` replaces it. At 16,384 nodes that
+        plan read 2 M rows a second and cost PostgreSQL 0.6 cores; planned each time,
+        the join is an index lookup per node (docs/benchmarks.md, "The nodes UPDATE's
+        cached plan")."""
         cols = {k: [r.get(k) for r in rows] for k in _PG_UPDATE_NODES_ARGS}
         cols["has_samples"] = ["util_avg" in r for r in rows]
-        conn.exec_driver_sql(_PG_UPDATE_NODES, tuple(cols[k] for k in _PG_UPDATE_NODES_ARGS))
+        dbapi = conn.connection.driver_connection
+        with dbapi.cursor() as cur:  # type: ignore[union-attr]  # an open connection has a driver
+            cur.execute(
+                _PG_UPDATE_NODES, tuple(cols[k] for k in _PG_UPDATE_NODES_ARGS), prepare=False
+            )
 
     def _upsert_gpus(self, conn: Connection, fresh: list[tuple[_Item, int]]) -> None:
         rows: dict[str, dict[str, Any]] = {}

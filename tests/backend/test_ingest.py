@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import msgspec
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine, func, select, text
 
 from trainguard.backend.models import Event, IngestBatch, Sample, Step
 from trainguard.protocol import wire
@@ -491,3 +491,57 @@ def test_the_ingest_writer_lets_a_waiting_sqlite_write_in_after_each_commit(
     assert held == 1  # it yielded after its first commit ...
     assert len(results) == 3 and writer.stats["batches"] == 3  # ... and went on after
     assert writer.stats["yielded"] >= 1
+
+
+def test_the_nodes_update_finds_nodes_by_index_after_the_table_has_grown() -> None:
+    """PostgreSQL caches a generic plan for a statement psycopg prepared (after 5 runs):
+    made while `nodes` was small, it joins the group's nodes by a hash over a scan of the
+    whole table, and keeps doing so at 20,000 nodes. The writer's nodes UPDATE is planned
+    at every run, so it reads `nodes` by its primary key however small the table was when
+    the connection began (counts from pg_stat_xact_user_tables, this transaction's own).
+    Planned for a group of 10 of 20,000 nodes, the lookups are the cheaper plan; a group of
+    thousands (a registration burst) is still joined by a hash, as it should be."""
+    from tests.conftest import scratch_pg_database
+    from trainguard.backend import db
+    from trainguard.backend.ingest.writer import IngestWriter
+
+    scans = text("SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = 'nodes'")
+    with scratch_pg_database("tg_plan", "the nodes UPDATE's plan") as url:
+        engine = db.make_engine(url)
+        writer = IngestWriter(engine)  # not started: its statements run on this test's connection
+        row = {"b_id": 1, "last_seen": 1.0, "agent_id": "a", "simulated": True}
+        try:
+            with engine.connect() as conn:
+                # No autovacuum: an ANALYZE of `nodes` would replace a cached plan.
+                conn.execute(text("ALTER TABLE nodes SET (autovacuum_enabled = false)"))
+                conn.execute(
+                    text(
+                        "INSERT INTO nodes (name, simulated, cordoned, first_seen, last_seen, "
+                        "gpus_lost) VALUES ('n1', true, false, 0, 0, 0)"
+                    )
+                )
+                conn.commit()
+                for _ in range(15):  # past psycopg's prepare threshold and PostgreSQL's 5
+                    with conn.begin():
+                        writer._update_nodes_pg(conn, [row])
+                conn.execute(
+                    text(
+                        "INSERT INTO nodes (name, simulated, cordoned, first_seen, last_seen, "
+                        "gpus_lost) SELECT 'n' || i, true, false, 0, 0, 0 "
+                        "FROM generate_series(2, 20000) AS i"
+                    )
+                )
+                conn.commit()
+                with conn.begin():
+                    before = conn.execute(scans).one()
+                    for n in range(25):  # groups of 10 nodes, as a busy writer's are
+                        writer._update_nodes_pg(
+                            conn, [{**row, "b_id": n * 100 + i + 1} for i in range(10)]
+                        )
+                    after = conn.execute(scans).one()
+                updated = conn.execute(text("SELECT count(*) FROM nodes WHERE last_seen = 1.0"))
+                assert updated.scalar_one() == 250
+        finally:
+            engine.dispose()
+    assert after[0] - before[0] == 0, f"{after[0] - before[0]} scans of the whole nodes table"
+    assert after[1] - before[1] >= 250  # a lookup by primary key per node updated
