@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import math
 import random
 import threading
 import time
@@ -56,6 +57,19 @@ INGEST_PATH = "/api/v1/ingest"
 HEARTBEAT_S = 10.0  # an empty batch when nothing was sent for this long
 MIN_URGENT_GAP_S = 0.02  # urgent ticks no closer than this (a flood of urgent events)
 MAX_SERVER_INTERVAL_S = 60.0  # a backend's batch_interval_s is capped here
+
+
+def next_slot(due: float, interval: float, now: float) -> float:
+    """The first of due, due + interval, due + 2 interval, ... not before `now`. A tick
+    that ran long (a slow answer, a replay) skips the slots it missed, with no burst of
+    catch-up ticks, and keeps the agent's phase. Restarted from the moment it ended, the
+    schedule of every agent that an overloaded backend answered in one burst would be
+    in step with the others' from then on: the fleet's batches would reach the backend in
+    waves of the interval and keep it overloaded (docs/benchmarks.md, "The load's
+    phase")."""
+    if due >= now:
+        return due
+    return due + math.ceil((now - due) / interval) * interval
 
 
 def agent_version() -> str:
@@ -252,8 +266,7 @@ class Uplink:
                     if self._stop.is_set():
                         break
                 else:
-                    next_t += self.batch_interval()
-                    next_t = max(next_t, self.monotonic())  # after a long replay: no burst
+                    next_t = next_slot(next_t + self.batch_interval(), self.batch_interval(), now)
                 try:
                     self.tick()
                 except Exception:  # never let one bad tick end the uplink

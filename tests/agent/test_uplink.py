@@ -17,7 +17,7 @@ import pytest
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.outbox import Outbox
 from trainguard.agent.spool import Spool
-from trainguard.agent.uplink import Uplink
+from trainguard.agent.uplink import Uplink, next_slot
 from trainguard.protocol.wire import (
     MAX_BODY_BYTES,
     MAX_SAMPLES,
@@ -398,3 +398,57 @@ def test_a_paced_uplink_sends_fewer_larger_batches_and_loses_no_sample(tmp_path:
     free, free_samples = run(None, tmp_path / "b")
     assert paced_samples == free_samples == 60
     assert paced * 3 < free, (paced, free)
+
+
+def test_a_tick_that_ran_long_skips_the_slots_it_missed_and_keeps_the_agents_phase():
+    """Agents whose batches an overloaded backend answered in one burst keep their own
+    phases: each one's next tick is at its next slot, not 'now', so their schedules do not
+    fall into step (100.0 and 103.5: still 3.5 s apart after both answers came at 123.2)."""
+    assert next_slot(108.0, 8.0, 101.0) == 108.0  # on time: the next slot
+    assert next_slot(108.0, 8.0, 123.2) == 124.0  # 108 and 116 missed, no burst of them
+    assert next_slot(111.5, 8.0, 123.2) == 127.5
+    assert next_slot(108.0, 8.0, 124.0) == 124.0  # a slot that is due now is kept
+    assert next_slot(108.0, 8.0, 124.000001) == 132.0
+
+
+def test_after_a_slow_answer_the_uplink_ticks_on_its_old_phase(tmp_path: Path, wait_for):
+    """Ticks every 0.4 s from the first; the third batch's answer takes 1.0 s. The ticks
+    after it fall on the first tick's grid again (0.4 s apart from it), where an uplink
+    that restarted its schedule when the slow answer came would tick 0.2 s off it."""
+
+    class Slow(Backend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sent: list[float] = []
+
+        def __call__(self, request: httpx.Request) -> httpx.Response:
+            self.sent.append(time.monotonic())
+            if len(self.sent) == 3:
+                time.sleep(1.0)
+            return super().__call__(request)
+
+    backend = Slow()
+    outbox = Outbox()
+    up = Uplink(config(tmp_path, interval=0.4), outbox, transport=httpx.MockTransport(backend))
+    stop = threading.Event()
+
+    def feed() -> None:
+        i = 0
+        while not stop.is_set():
+            outbox.put_samples(samples(1, T0 + i))
+            i += 1
+            time.sleep(0.05)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    up.start()
+    try:
+        wait_for(lambda: len(backend.sent) >= 8, timeout=30, what="eight batches")
+    finally:
+        stop.set()
+        up.stop()
+        feeder.join()
+    first = backend.sent[0]
+    after = backend.sent[4:8]  # the 4th went when the slow answer came: the missed slot
+    offsets = [((t - first) + 0.2) % 0.4 - 0.2 for t in after]  # from the grid, in (-0.2, 0.2]
+    assert all(abs(o) < 0.08 for o in offsets), [round(o, 3) for o in offsets]
