@@ -115,3 +115,19 @@ def test_postgres_state_counts_the_wal_written_between_two_readings(pg_database:
     assert report["postgres_checkpoints"] >= 0
     assert ingest.postgres_state("sqlite:///unused.db") == {}
     assert ingest.postgres_report({}, {}, stored=1) == {}
+
+
+def test_the_nodes_batches_are_spread_evenly_over_the_interval() -> None:
+    """16,384 nodes batching every 8 s: each second of the interval holds the batches of
+    exactly 2,048 of them (what the goal offers), at random places within it."""
+    phases = ingest.node_phases(16384, 8.0)
+    assert all(0.0 <= p < 8.0 for p in phases)
+    per_second = [0] * 8
+    for p in phases:
+        per_second[int(p)] += 1
+    assert per_second == [2048] * 8
+    per_slice = [0] * 16384
+    for p in phases:
+        per_slice[int(p * 16384 / 8.0)] += 1
+    assert per_slice == [1] * 16384  # one node in each 0.5 ms slice ...
+    assert phases != ingest.node_phases(16384, 8.0)  # ... at a random place in it
