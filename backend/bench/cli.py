@@ -42,6 +42,14 @@ def bench_ingest(
         int, typer.Option(min=1, max=64, help="backend processes (`server --workers`; PostgreSQL)")
     ] = 1,
     encoding: EncodingOpt = "json",
+    ramp: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="seconds over which the nodes start (default and least: one batch "
+            "interval); each then sends for --duration",
+        ),
+    ] = 0,
     database_url: DbUrlOpt = None,
     data_dir: Annotated[Path, typer.Option()] = Path("data/bench"),
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8311,
@@ -65,6 +73,7 @@ def bench_ingest(
             batch_interval=batch_interval,
             server_workers=server_workers,
             encoding=encoding,
+            ramp=ramp,
         )
     )
 

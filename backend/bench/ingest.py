@@ -70,6 +70,7 @@ def _gen_worker(
     duration: float,
     out: Any,
     encoding: str = "json",
+    ramp: float = 0.0,
 ) -> None:
     from trainguard.protocol import wire
 
@@ -77,6 +78,10 @@ def _gen_worker(
     content_type = wire.MSGPACK_TYPE if encoding == "msgpack" else wire.JSON_TYPE
 
     host, port = url.removeprefix("http://").split(":")
+    # The nodes start over `spread` seconds; every node sends from its start to
+    # `duration` after it, so all of them do in [spread, duration] after the start.
+    spread = max(ramp, batch_interval)
+    all_on: list[float] = []  # the monotonic span when every node is sending
 
     async def node_loop(
         node: str,
@@ -85,6 +90,7 @@ def _gen_worker(
         first: list[float],
         err: list[int],
         slip: list[float],
+        steady: list[float],
     ) -> None:
         # One keep-alive connection per node, as a real agent holds one.
         conn = _Conn(host, int(port), content_type)
@@ -169,6 +175,8 @@ def _gen_worker(
                     first.append(took)
                 else:
                     lat.append((time.time(), took))
+                    if all_on[0] <= nxt < all_on[1]:
+                        steady.append(took)
             else:
                 err.append(status)
             nxt += batch_interval
@@ -179,10 +187,15 @@ def _gen_worker(
         err: list[int] = []
         slip: list[float] = []
         first: list[float] = []
+        steady: list[float] = []
         t0 = time.monotonic()
-        due = [t0 + ph for ph in node_phases(len(nodes), batch_interval)]
+        all_on.extend((t0 + spread, t0 + duration))
+        due = [t0 + ph for ph in node_phases(len(nodes), spread)]
         await asyncio.gather(
-            *(node_loop(n, d, lat, first, err, slip) for n, d in zip(nodes, due, strict=True))
+            *(
+                node_loop(n, d, lat, first, err, slip, steady)
+                for n, d in zip(nodes, due, strict=True)
+            )
         )
         t = os.times()
         out.put(
@@ -191,6 +204,7 @@ def _gen_worker(
                 "first": first,
                 "errors": len(err),
                 "slip": slip,
+                "steady": steady,
                 "cpu_s": t.user + t.system,
             }
         )
@@ -476,6 +490,7 @@ def run(
     batch_interval: float | None = None,
     server_workers: int = 1,
     encoding: str = "json",
+    ramp: float = 0.0,
 ) -> dict[str, Any]:
     from trainguard.backend.bench.common import fresh_database
     from trainguard.backend.demo import start_server
@@ -506,7 +521,17 @@ def run(
         procs = [
             mp.get_context("spawn").Process(
                 target=_gen_worker,
-                args=(base, names[w::workers], gpus, period, batch_interval, duration, q, encoding),
+                args=(
+                    base,
+                    names[w::workers],
+                    gpus,
+                    period,
+                    batch_interval,
+                    duration,
+                    q,
+                    encoding,
+                    ramp,
+                ),
             )
             for w in range(workers)
         ]
@@ -530,6 +555,7 @@ def run(
         log_file.close()
     stored = _count(url) - before
     sent_lat, lat, first, slip = merged_timings(results)
+    steady = sorted(x for r in results for x in r["steady"])
     per_batch = max(1, round(batch_interval / period))
     sent_samples = len(slip) * per_batch * gpus
     report: dict[str, Any] = {
@@ -560,6 +586,12 @@ def run(
         # The p99 of each 10 s of the run by send time: a tail that comes back at a
         # period (a timer, a full garbage collection) shows as a pattern here.
         "latency_p99_by_10s_ms": _by_window(sent_lat, 10.0),
+        # With --ramp: the nodes start over that many seconds (at least one interval),
+        # and these are the batches due while every node was sending (ramp to duration).
+        "ramp_s": max(ramp, batch_interval),
+        "batches_all_nodes": len(steady),
+        "latency_p50_all_nodes_ms": _ms(steady, 0.5),
+        "latency_p99_all_nodes_ms": _ms(steady, 0.99),
         "first_batch_p50_ms": _ms(first, 0.5),
         "first_batch_p99_ms": _ms(first, 0.99),
         "server_workers": server_workers,

@@ -45,6 +45,39 @@ def test_a_paced_run_stores_every_sample_it_sent(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
+def test_a_ramped_run_starts_its_nodes_over_the_ramp_and_times_the_span_all_send(
+    tmp_path: Path,
+) -> None:
+    """6 nodes batching every second start over 3 s, each then sending for 5 s: their
+    first batches are 2 s or more apart end to end (one node in each half second of the
+    ramp), and each node has 2 batches due while all 6 are sending (3 s to 5 s)."""
+    report = ingest.run(
+        nodes=6,
+        gpus=2,
+        duration=5.0,
+        period=1.0,
+        workers=1,
+        database_url=None,
+        data_dir=tmp_path,
+        port=free_port(),
+        out_json=None,
+        ramp=3.0,
+    )
+    engine = create_engine(f"sqlite:///{tmp_path / 'bench.db'}")
+    with engine.connect() as conn:
+        firsts = (
+            conn.execute(select(IngestBatch.received_at).where(IngestBatch.seq == 1))
+            .scalars()
+            .all()
+        )
+    engine.dispose()
+    assert report["batches_sent"] == report["batches_ok"] == 6 * 5 and report["errors"] == 0
+    assert len(firsts) == 6 and max(firsts) - min(firsts) >= 2.0
+    assert report["ramp_s"] == 3.0 and report["batches_all_nodes"] == 6 * 2
+    assert report["latency_p99_all_nodes_ms"] is not None
+
+
 def test_the_warnings_in_a_kept_server_log_are_counted(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text(
