@@ -183,7 +183,7 @@ def _gen_worker(
             await asyncio.sleep(max(0.0, nxt - time.monotonic()))
 
     async def main() -> None:
-        lat: list[tuple[float, float]] = []  # (when sent, epoch s; latency s)
+        lat: list[tuple[float, float]] = []  # (when answered, epoch s; latency s)
         err: list[int] = []
         slip: list[float] = []
         first: list[float] = []
@@ -583,7 +583,7 @@ def run(
         # Steady state: every batch but each node's first (its registration).
         "latency_p50_ms": _ms(lat, 0.5),
         "latency_p99_ms": _ms(lat, 0.99),
-        # The p99 of each 10 s of the run by send time: a tail that comes back at a
+        # The p99 of each 10 s of the run by answer time: a tail that comes back at a
         # period (a timer, a full garbage collection) shows as a pattern here.
         "latency_p99_by_10s_ms": _by_window(sent_lat, 10.0),
         # With --ramp: the nodes start over that many seconds (at least one interval),
