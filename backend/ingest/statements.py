@@ -347,9 +347,10 @@ class BulkStatements:
         and PostgreSQL cached: a generic plan made while `nodes` was small (a fresh
         database, the first nodes registering) joins by a hash over a scan of the whole
         table, and nothing but an ANALYZE of `nodes` replaces it. At 16,384 nodes that
-        plan read 2 M rows a second and cost PostgreSQL 0.6 cores; planned each time,
-        the join is an index lookup per node (docs/benchmarks.md, "The nodes UPDATE's
-        cached plan")."""
+        plan read 0.7 M rows a second (2 M with the samples left out, the groups smaller)
+        and cost PostgreSQL 0.07 cores (0.34); planned each time, a group of a few nodes
+        is an index lookup per node (docs/benchmarks.md, "The nodes UPDATE's cached
+        plan")."""
         cols = {k: [r.get(k) for r in rows] for k in _PG_UPDATE_NODES_ARGS}
         cols["has_samples"] = ["util_avg" in r for r in rows]
         dbapi = conn.connection.driver_connection
