@@ -266,7 +266,8 @@ class Uplink:
                     if self._stop.is_set():
                         break
                 else:
-                    next_t = next_slot(next_t + self.batch_interval(), self.batch_interval(), now)
+                    interval = self.batch_interval()
+                    next_t = next_slot(next_t + interval, interval, now)
                 try:
                     self.tick()
                 except Exception:  # never let one bad tick end the uplink

@@ -81,7 +81,6 @@ def _gen_worker(
     # The nodes start over `spread` seconds; every node sends from its start to
     # `duration` after it, so all of them do in [spread, duration] after the start.
     spread = max(ramp, batch_interval)
-    all_on: list[float] = []  # the monotonic span when every node is sending
 
     async def node_loop(
         node: str,
@@ -91,6 +90,7 @@ def _gen_worker(
         err: list[int],
         slip: list[float],
         steady: list[float],
+        all_on: tuple[float, float],  # the monotonic span when every node is sending
     ) -> None:
         # One keep-alive connection per node, as a real agent holds one.
         conn = _Conn(host, int(port), content_type)
@@ -189,11 +189,11 @@ def _gen_worker(
         first: list[float] = []
         steady: list[float] = []
         t0 = time.monotonic()
-        all_on.extend((t0 + spread, t0 + duration))
+        all_on = (t0 + spread, t0 + duration)
         due = [t0 + ph for ph in node_phases(len(nodes), spread)]
         await asyncio.gather(
             *(
-                node_loop(n, d, lat, first, err, slip, steady)
+                node_loop(n, d, lat, first, err, slip, steady, all_on)
                 for n, d in zip(nodes, due, strict=True)
             )
         )

@@ -510,27 +510,21 @@ def test_the_nodes_update_finds_nodes_by_index_after_the_table_has_grown() -> No
         engine = db.make_engine(url)
         writer = IngestWriter(engine)  # not started: its statements run on this test's connection
         row = {"b_id": 1, "last_seen": 1.0, "agent_id": "a", "simulated": True}
+        add_nodes = text(
+            "INSERT INTO nodes (name, simulated, cordoned, first_seen, last_seen, gpus_lost) "
+            "SELECT 'n' || i, true, false, 0, 0, 0 "
+            "FROM generate_series(CAST(:first AS integer), CAST(:last AS integer)) AS i"
+        )
         try:
             with engine.connect() as conn:
                 # No autovacuum: an ANALYZE of `nodes` would replace a cached plan.
                 conn.execute(text("ALTER TABLE nodes SET (autovacuum_enabled = false)"))
-                conn.execute(
-                    text(
-                        "INSERT INTO nodes (name, simulated, cordoned, first_seen, last_seen, "
-                        "gpus_lost) VALUES ('n1', true, false, 0, 0, 0)"
-                    )
-                )
+                conn.execute(add_nodes, {"first": 1, "last": 1})
                 conn.commit()
                 for _ in range(15):  # past psycopg's prepare threshold and PostgreSQL's 5
                     with conn.begin():
                         writer._update_nodes_pg(conn, [row])
-                conn.execute(
-                    text(
-                        "INSERT INTO nodes (name, simulated, cordoned, first_seen, last_seen, "
-                        "gpus_lost) SELECT 'n' || i, true, false, 0, 0, 0 "
-                        "FROM generate_series(2, 20000) AS i"
-                    )
-                )
+                conn.execute(add_nodes, {"first": 2, "last": 20000})
                 conn.commit()
                 with conn.begin():
                     before = conn.execute(scans).one()
