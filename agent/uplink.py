@@ -492,7 +492,9 @@ class Uplink:
         st.last_error, st.last_error_at = error, self.clock()
         delay = self.rng.uniform(0, min(self.backoff_cap_s, self.backoff_base_s * 2**self._attempt))
         self._attempt = min(self._attempt + 1, 32)
-        self._retry_at = self.monotonic() + max(delay, retry_after)
+        # Retry-After is the earliest time, the jitter comes on top: every agent an
+        # overloaded backend refused in the same second would otherwise come back together.
+        self._retry_at = self.monotonic() + retry_after + delay
         if first:
             log.warning("backend unreachable (%s); spooling batches", error)
         return Outcome.TRANSIENT

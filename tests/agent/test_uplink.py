@@ -246,6 +246,24 @@ def test_429_honours_retry_after(tmp_path: Path):
     assert up._retry_at >= mono.t + 7 and len(up.spool) == 1
 
 
+def test_agents_refused_together_come_back_spread_over_the_backoff_after_retry_after(
+    tmp_path: Path,
+):
+    """Retry-After is the earliest retry, the agent's jitter comes on top: the agents an
+    overloaded backend refused in one second must not all come back in one second."""
+    backend = Backend()
+    backend.mode = "429"  # Retry-After: 7
+    waits = []
+    for i in range(20):
+        up, mono = uplink(tmp_path / str(i), backend, backoff_base_s=4.0)
+        up.rng = random.Random(i)
+        up.outbox.put_samples(samples(1))
+        up.tick()
+        waits.append(up._retry_at - mono.t)
+    assert all(7.0 <= w <= 7.0 + 4.0 for w in waits)
+    assert max(waits) - min(waits) > 2.0  # spread over the backoff, not all at 7 s
+
+
 def test_a_permanent_4xx_drops_that_batch_once_with_the_server_message(tmp_path, caplog):
     backend = Backend()
     up, _ = uplink(tmp_path, backend)
