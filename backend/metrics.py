@@ -36,6 +36,18 @@ class WriterCollector(Collector):
             c = CounterMetricFamily(f"trainguard_ingest_{key}", help_)
             c.add_metric([], stats[key])
             yield c
+        writer = self.app.state.writer
+        for name, help_, value in (
+            ("queued_batches", "ingest batches waiting for the writer", writer.queued()),
+            (
+                "queue_wait_seconds",
+                "how long the oldest batch waiting for the writer has waited",
+                writer.queue_wait_s(),
+            ),
+        ):
+            g = GaugeMetricFamily(f"trainguard_ingest_{name}", help_)
+            g.add_metric([], value)
+            yield g
         g = GaugeMetricFamily("trainguard_live_subscribers", "open SSE streams")
         g.add_metric([], len(self.app.state.bus._subs))
         yield g

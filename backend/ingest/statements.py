@@ -8,9 +8,10 @@ between transactions.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -161,6 +162,7 @@ class _Item:
     received_at: float
     future: Future[IngestResult] | None = None
     waiter: asyncio.Future[IngestResult] | None = None
+    queued_at: float = field(default_factory=time.monotonic)  # for the writer's queue wait
 
 
 @dataclass

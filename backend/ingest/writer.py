@@ -161,6 +161,18 @@ class IngestWriter(BulkStatements):
         self._q.put(_Item(batch, received_at, waiter=waiter))
         return waiter
 
+    def queue_wait_s(self) -> float:
+        """How long the oldest batch still queued for the writer has waited (0: none): a
+        backend that cannot keep up shows it here first (/metrics)."""
+        try:
+            oldest = self._q.queue[0]  # a deque: reading its head needs no lock
+        except IndexError:
+            return 0.0
+        return 0.0 if oldest is None else max(0.0, time.monotonic() - oldest.queued_at)
+
+    def queued(self) -> int:
+        return self._q.qsize()
+
     # --- the thread ------------------------------------------------------------------
 
     def _run(self) -> None:
