@@ -35,7 +35,8 @@ class _Conn:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, body: bytes) -> int:
+    async def post(self, path: str, body: bytes) -> tuple[int, float]:
+        """The answer's status, and its Retry-After in seconds (0 when none)."""
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
@@ -50,7 +51,9 @@ class _Conn:
         at = answer.find(b"\r\ncontent-length:")
         length = int(answer[at + 17 : answer.index(b"\r\n", at + 2)]) if at >= 0 else 0
         await self.reader.readexactly(length)
-        return int(answer.split(None, 2)[1])
+        at = answer.find(b"\r\nretry-after:")
+        retry_after = float(answer[at + 14 : answer.index(b"\r\n", at + 2)]) if at >= 0 else 0.0
+        return int(answer.split(None, 2)[1]), retry_after
 
 
 def node_phases(count: int, interval: float) -> list[float]:
@@ -82,6 +85,25 @@ def _gen_worker(
     # `duration` after it, so all of them do in [spread, duration] after the start.
     spread = max(ramp, batch_interval)
 
+    async def post(conn: _Conn, body: bytes) -> tuple[int, float]:
+        # A kept connection the server closed while idle fails on first use: reconnect
+        # once and resend, as an HTTP client's pool does.
+        for attempt in range(2):
+            reused = conn.writer is not None
+            try:
+                return await conn.post("/api/v1/ingest", body)
+            except (
+                OSError,
+                asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError,
+                ValueError,
+                IndexError,
+            ):
+                conn.writer = None
+                if not reused or attempt:
+                    break
+        return 0, 0.0
+
     async def node_loop(
         node: str,
         due: float,
@@ -91,6 +113,7 @@ def _gen_worker(
         slip: list[float],
         steady: list[float],
         all_on: tuple[float, float],  # the monotonic span when every node is sending
+        answers_503: list[int],  # per batch, how many 503 answers it got before the last
     ) -> None:
         # One keep-alive connection per node, as a real agent holds one.
         conn = _Conn(host, int(port), content_type)
@@ -149,24 +172,18 @@ def _gen_worker(
             body = encode(batch)
             slip.append(time.monotonic() - nxt)  # how late this batch leaves its schedule
             t0 = time.perf_counter()
-            status = 0
-            # A kept connection the server closed while idle fails on first use: reconnect
-            # once and resend, as an HTTP client's pool does.
-            for attempt in range(2):
-                reused = conn.writer is not None
-                try:
-                    status = await conn.post("/api/v1/ingest", body)
+            refusals = 0
+            while True:
+                status, retry_after = await post(conn, body)
+                # 503 (the database unavailable, a proxy's overload): sent again after
+                # Retry-After and the agent's jitter (agent/uplink.py), until one interval
+                # past the end. Latency is from the first send to the answer that stored it.
+                if status != 503 or time.monotonic() + retry_after > end + batch_interval:
                     break
-                except (
-                    OSError,
-                    asyncio.IncompleteReadError,
-                    asyncio.LimitOverrunError,
-                    ValueError,
-                    IndexError,
-                ):
-                    conn.writer = None
-                    if not reused or attempt:
-                        break
+                backoff = min(30.0, 0.5 * 2**refusals)
+                refusals += 1
+                await asyncio.sleep(retry_after + random.uniform(0, backoff))
+            answers_503.append(refusals)
             if status == 200:
                 # An agent's first batch registers its node and GPUs: a one-time cost,
                 # reported apart from the steady state.
@@ -188,12 +205,13 @@ def _gen_worker(
         slip: list[float] = []
         first: list[float] = []
         steady: list[float] = []
+        answers_503: list[int] = []
         t0 = time.monotonic()
         all_on = (t0 + spread, t0 + duration)
         due = [t0 + ph for ph in node_phases(len(nodes), spread)]
         await asyncio.gather(
             *(
-                node_loop(n, d, lat, first, err, slip, steady, all_on)
+                node_loop(n, d, lat, first, err, slip, steady, all_on, answers_503)
                 for n, d in zip(nodes, due, strict=True)
             )
         )
@@ -205,6 +223,8 @@ def _gen_worker(
                 "errors": len(err),
                 "slip": slip,
                 "steady": steady,
+                "answers_503": sum(answers_503),
+                "sent_again": sum(1 for n in answers_503 if n),
                 "cpu_s": t.user + t.system,
             }
         )
@@ -580,6 +600,10 @@ def run(
         # the generator, not the backend, set the pace.
         "send_lag_p99_ms": _ms(slip, 0.99),
         "errors": sum(r["errors"] for r in results),
+        # Answers of 503, and the batches that got one: each was sent again after
+        # Retry-After (as an agent does) and counts once above.
+        "answers_503": sum(r["answers_503"] for r in results),
+        "batches_sent_again": sum(r["sent_again"] for r in results),
         # Steady state: every batch but each node's first (its registration).
         "latency_p50_ms": _ms(lat, 0.5),
         "latency_p99_ms": _ms(lat, 0.99),

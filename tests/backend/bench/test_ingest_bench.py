@@ -164,3 +164,45 @@ def test_the_nodes_batches_are_spread_evenly_over_the_interval() -> None:
         per_slice[int(p * 16384 / 8.0)] += 1
     assert per_slice == [1] * 16384  # one node in each 0.5 ms slice ...
     assert phases != ingest.node_phases(16384, 8.0)  # ... at a random place in it
+
+
+def test_the_generator_sends_a_batch_again_after_a_503_and_retry_after_and_counts_it() -> None:
+    """A server that answers each batch's first send with 503 and Retry-After: 1, as an
+    unavailable database does: every batch is sent again after it (as an agent does),
+    counted once, its latency from the first send."""
+    import asyncio
+    import queue
+    import threading
+
+    from trainguard.protocol import wire
+
+    seen: list[tuple[int, int]] = []  # (seq, status answered)
+    ready = threading.Event()
+    port = free_port()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tried: set[int] = set()
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            seq = wire.decode_batch(await reader.readexactly(length)).seq
+            status = 200 if seq in tried else 503
+            tried.add(seq)
+            seen.append((seq, status))
+            extra = b"Retry-After: 1\r\n" if status == 503 else b""
+            writer.write(b"HTTP/1.1 %d X\r\n%sContent-Length: 2\r\n\r\n{}" % (status, extra))
+
+    async def serve() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        ready.set()
+        async with server:
+            await asyncio.sleep(30)
+
+    threading.Thread(target=asyncio.run, args=(serve(),), daemon=True).start()
+    ready.wait(10)
+    out: queue.Queue = queue.Queue()
+    ingest._gen_worker(f"http://127.0.0.1:{port}", ["n0"], 1, 2.0, 2.0, 4.0, out)
+    result = out.get(timeout=5)
+    assert seen == [(1, 503), (1, 200), (2, 503), (2, 200)]
+    assert (result["answers_503"], result["sent_again"], result["errors"]) == (2, 2, 0)
+    assert len(result["first"]) == 1 and len(result["lat"]) == 1
+    assert result["first"][0] >= 1.0 and result["lat"][0][1] >= 1.0  # waited Retry-After
