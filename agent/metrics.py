@@ -344,6 +344,7 @@ class AgentCollector:
             ("steps_sent", "step reports delivered"),
             ("duplicates", "batches the backend already had (replays)"),
             ("batches_spooled", "batches written to the on-disk spool"),
+            ("batches_merged", "batches of an outage spooled into the newest unsent one"),
             ("batches_replayed", "spooled batches delivered later"),
             ("batches_rejected", "batches the backend refused for good (4xx)"),
             ("records_invalid", "records dropped because they failed the wire's validation"),

@@ -1,6 +1,7 @@
 """A bounded on-disk queue of encoded batches, for while the backend is unreachable.
 
-One file per batch, `<order>-<agent_id>-<seq>.batch`, written to a temporary name,
+One file per batch, `<order>-<agent_id>-<seq>.batch` (the uplink may write a larger batch
+over the newest under the same name: `replace`), written to a temporary name,
 fsync'd and renamed, so a crash leaves whole batches or none. `order` continues across
 agent restarts, so batches of an earlier agent process (with their own agent_id and seq)
 are replayed first. When the total size would pass `max_bytes` the oldest batches are
@@ -17,6 +18,7 @@ import logging
 import os
 import threading
 from dataclasses import asdict, dataclass
+from dataclasses import replace as with_fields
 from pathlib import Path
 
 import msgspec
@@ -148,6 +150,30 @@ class Spool:
             self._entries.append(entry)
             self._bytes += entry.size
             return True
+
+    def newest(self) -> SpoolEntry | None:
+        with self._lock:
+            return self._entries[-1] if self._entries else None
+
+    def replace(self, entry: SpoolEntry, body: bytes) -> SpoolEntry | None:
+        """Write an encoded batch over the newest entry, atomically, under its name (its
+        order, agent_id and seq stay): the entry as it now is. None, with the entry as it
+        was, when it is no longer the newest, the spool would pass `max_bytes`, or the
+        write fails."""
+        with self._lock:
+            if not self._entries or self._entries[-1] != entry:
+                return None
+            if self._bytes - entry.size + len(body) > self.max_bytes:
+                return None
+            try:
+                self._write_atomic(entry.path, body)
+            except OSError as exc:
+                log.warning("spool write failed (%s); batch %d kept as it was", exc, entry.seq)
+                return None
+            new = with_fields(entry, size=len(body))
+            self._entries[-1] = new
+            self._bytes += new.size - entry.size
+            return new
 
     def oldest(self) -> SpoolEntry | None:
         with self._lock:

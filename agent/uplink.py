@@ -6,7 +6,9 @@ cluster's backend paces its agents), or at once when an urgent event arrives. Ba
 numbered (agent_id, seq) so the backend can drop duplicates. While the backend is
 unreachable (connection error, 408/429/5xx, bad token) batches go to the on-disk spool and
 are replayed oldest first when it answers again, after exponential backoff with full
-jitter. Any other 4xx refuses that batch for good:
+jitter; the batches of an outage that were never sent share one spool entry
+(`_spool_unsent`), so the replay takes a few requests. Any other 4xx refuses that batch for
+good:
 it is logged once with the server's message and dropped.
 """
 
@@ -30,7 +32,7 @@ import msgspec
 
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.outbox import Drained, Outbox
-from trainguard.agent.spool import Spool
+from trainguard.agent.spool import Spool, SpoolEntry
 from trainguard.protocol.wire import (
     JSON_TYPE,
     MAX_BODY_BYTES,
@@ -94,6 +96,7 @@ class UplinkStats:
     steps_sent: int = 0
     duplicates: int = 0
     batches_spooled: int = 0
+    batches_merged: int = 0  # batches of an outage spooled into the newest unsent entry
     batches_replayed: int = 0
     batches_rejected: int = 0
     records_invalid: int = 0
@@ -160,6 +163,31 @@ class _Part:
         )
 
 
+def _merged(a: Batch, b: Batch, max_bytes: int) -> tuple[Batch, bytes] | None:
+    """`b`'s records after `a`'s, under `a`'s key (node, agent_id, seq) with `b`'s time
+    and latest state (GPU inventory, rank status), and its JSON; None when it would pass
+    a wire limit or `max_bytes` encoded, or come from another agent process."""
+    if (a.node, a.agent_id) != (b.node, b.agent_id):
+        return None
+    if (
+        len(a.samples) + len(b.samples) > MAX_SAMPLES
+        or len(a.events) + len(b.events) > MAX_EVENTS
+        or len(a.steps) + len(b.steps) > MAX_STEPS
+    ):
+        return None
+    merged = msgspec.structs.replace(
+        a,
+        sent_at=b.sent_at,
+        gpus=b.gpus if b.gpus is not None else a.gpus,
+        ranks=b.ranks if b.ranks is not None else a.ranks,
+        samples=a.samples + b.samples,
+        events=a.events + b.events,
+        steps=a.steps + b.steps,
+    )
+    body = encode(merged)
+    return (merged, body) if len(body) <= max_bytes else None
+
+
 def split_to_limits(part: _Part) -> list[_Part]:
     """Split until every part encodes under the wire's body limit (halving the lists)."""
     probe = part.batch("n", "00000000", 1, 0.0, False)
@@ -204,6 +232,9 @@ class Uplink:
         self._attempt = 0
         self._retry_at = 0.0
         self._last_batch_mono = float("-inf")
+        # The newest spool entry and its batch while that batch was never sent: later
+        # batches of an outage are merged into it (_spool_unsent).
+        self._unsent: tuple[SpoolEntry, Batch] | None = None
         self._server_interval = 0.0  # the backend's pace (batch_interval_s), once told
         # New batches go as MessagePack once the backend's answers list it in Accept-Post
         # (older backends read JSON only); spooled bodies replay as the JSON they were.
@@ -281,16 +312,17 @@ class Uplink:
 
     def tick(self, final: bool = False) -> None:
         """Drain the outbox into batches; send them (or spool them); replay the spool."""
-        batches = self._drain()
-        if not batches and not len(self.spool):
+        parts = self._drain()
+        if not parts and not len(self.spool):
             if self.monotonic() - self._last_batch_mono < HEARTBEAT_S or final:
                 return
-            batches = [self._numbered(_Part([], [], [], None, None))]
+            parts = [_Part([], [], [], None, None)]
         link_down = len(self.spool) > 0 or self.monotonic() < self._retry_at
-        for i, batch in enumerate(batches):
+        for i, part in enumerate(parts):
             if link_down:
-                self._spool(batch)
+                self._spool_unsent(part)
                 continue
+            batch = self._numbered(part)
             outcome = self._send(batch, timeout=2.0 if final else None)
             if outcome is Outcome.TRANSIENT:
                 self._spool(batch)
@@ -300,7 +332,7 @@ class Uplink:
         if not final:
             self._replay()
 
-    def _drain(self) -> list[Batch]:
+    def _drain(self) -> list[_Part]:
         parts: list[_Part] = []
         for _ in range(64):  # a bound, so a fast producer cannot hold the tick forever
             d = self.outbox.drain(MAX_SAMPLES, MAX_EVENTS, MAX_STEPS)
@@ -314,7 +346,7 @@ class Uplink:
             )
             if not full:
                 break
-        return [self._numbered(p) for p in parts]
+        return parts
 
     def _checked(self, d: Drained) -> _Part:
         events = list(d.events)
@@ -347,11 +379,42 @@ class Uplink:
 
     def _numbered(self, part: _Part) -> Batch:
         self.seq += 1
-        return part.batch(self.config.node, self.agent_id, self.seq, self.clock(), self.simulated)
+        return self._batch(part, self.seq)
+
+    def _batch(self, part: _Part, seq: int) -> Batch:
+        return part.batch(self.config.node, self.agent_id, seq, self.clock(), self.simulated)
+
+    def _merge_limit(self) -> int:
+        """The largest body an entry grows to by merging: a sixteenth of the spool, so
+        that dropping its oldest entry on overflow drops a small part of what it holds."""
+        return min(_BODY_LIMIT, self.spool.max_bytes // 16)
 
     def _spool(self, batch: Batch) -> None:
+        """Spool a batch that was sent (the backend may hold it: it keeps its seq)."""
+        self._unsent = None
         if self.spool.put(batch):
             self._stats.batches_spooled += 1
+
+    def _spool_unsent(self, part: _Part) -> None:
+        """Spool records never sent: into the newest entry, under its seq, when that one
+        was never sent either (a replay after an outage then takes a request per
+        MAX_SAMPLES samples, not one per tick of the outage: 60 for a minute at 1 s, from
+        every agent at once). Merged records take no seq of their own, so every seq the
+        backend lacks is still a batch the spool dropped."""
+        if self._unsent is not None:
+            entry, held = self._unsent
+            merged = _merged(held, self._batch(part, held.seq), self._merge_limit())
+            if merged is not None and (kept := self.spool.replace(entry, merged[1])):
+                self._unsent = (kept, merged[0])
+                self._stats.batches_merged += 1
+                return
+        self._unsent = None
+        batch = self._numbered(part)
+        if self.spool.put(batch):
+            self._stats.batches_spooled += 1
+            newest = self.spool.newest()
+            if newest is not None and (newest.agent_id, newest.seq) == (batch.agent_id, batch.seq):
+                self._unsent = (newest, batch)
 
     def _replay(self) -> None:
         """Send spooled batches oldest first while the backend answers."""
@@ -360,6 +423,8 @@ class Uplink:
             entry = self.spool.oldest()
             if entry is None:
                 break
+            if self._unsent is not None and self._unsent[0] == entry:
+                self._unsent = None  # sent from now on: the backend may hold its seq
             body = self.spool.read(entry)
             if body is None:
                 continue

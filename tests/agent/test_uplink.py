@@ -42,6 +42,7 @@ class Backend:
         self.received_at = T0 + 3.0
         self.pace: object = None  # batch_interval_s in the answer, when set
         self.msgpack = False  # takes MessagePack and says so (Accept-Post), as a new backend
+        self.lose: set[int] = set()  # seqs whose answer is lost once (stored, then a timeout)
         self._lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -68,6 +69,9 @@ class Backend:
         with self._lock:
             duplicate = any((x.agent_id, x.seq) == (b.agent_id, b.seq) for x in self.batches)
             self.batches.append(b)
+        if b.seq in self.lose:
+            self.lose.discard(b.seq)
+            raise httpx.ReadTimeout("timed out", request=request)
         return httpx.Response(
             200,
             json={
@@ -209,15 +213,87 @@ def test_spooled_batches_replay_in_order_when_the_backend_returns(tmp_path: Path
         up.outbox.put_samples(samples(2, T0 + t))
         up.tick()
         mono.t += 1.0
-    assert backend.batches == [] and len(up.spool) == 3
+    # The first batch was sent (it keeps its seq); those never sent share one entry.
+    assert backend.batches == [] and len(up.spool) == 2
     st = up.stats()
-    assert not st.connected and "ConnectError" in st.last_error and st.backlog == 3
+    assert not st.connected and "ConnectError" in st.last_error and st.backlog == 2
     backend.mode = "ok"
     mono.t += 60  # past any backoff
     up.outbox.put_samples(samples(2, T0 + 10))
     up.tick()
-    assert [s for _, s in backend.seqs()] == [1, 2, 3, 4]
-    assert len(up.spool) == 0 and up.stats().batches_replayed == 4
+    assert [s for _, s in backend.seqs()] == [1, 2]
+    assert [s.ts for b in backend.batches for s in b.samples] == [
+        T0 + t + i * 0.001 for t in (0, 1, 2, 10) for i in range(2)
+    ]
+    assert len(up.spool) == 0 and up.stats().batches_replayed == 2
+
+
+def test_a_minute_away_replays_in_two_requests_every_sample_once_in_order(tmp_path: Path):
+    """60 ticks of 8 samples while the backend is down: the first batch (sent) keeps its
+    entry and seq, the 59 never sent are merged into one entry, so the replay takes 2
+    requests, not 60 (from every agent of the cluster at the same moment)."""
+    backend = Backend()
+    up, mono = uplink(tmp_path, backend)
+    backend.mode = "down"
+    for t in range(60):
+        up.outbox.put_samples(samples(8, T0 + t))
+        up.tick()
+        mono.t += 1.0
+    assert len(up.spool) == 2 and up.stats().batches_merged == 58
+    backend.mode = "ok"
+    tried = len(backend.requests)  # the retries during the outage (after each backoff)
+    mono.t += 60
+    up.tick()
+    assert len(backend.requests) - tried == 2 and len(backend.batches) == 2
+    assert [len(b.samples) for b in backend.batches] == [8, 59 * 8]
+    assert [s.ts for b in backend.batches for s in b.samples] == [
+        T0 + t + i * 0.001 for t in range(60) for i in range(8)
+    ]
+    assert len(up.spool) == 0
+
+
+def test_merged_entries_stay_under_a_sixteenth_of_the_spool(tmp_path: Path):
+    """So that an overflow, which drops the oldest entry, drops a small part of it."""
+    backend = Backend()
+    spool = Spool(tmp_path / "spool", 64 * 1024)
+    up, _ = uplink(tmp_path, backend, spool=spool)
+    backend.mode = "down"
+    for t in range(100):
+        up.outbox.put_samples(samples(8, T0 + t))
+        up.tick()
+    sizes = [p.stat().st_size for p in (tmp_path / "spool").glob("*.batch")]
+    assert len(sizes) > 3 and max(sizes) <= 4096
+    assert sum(sizes) > 3 * 4096 // 2  # merged: not a file per tick
+
+
+def test_a_batch_whose_answer_was_lost_is_never_merged_into(tmp_path: Path):
+    """The backend may hold a batch it did not answer: later samples merged under its seq
+    would be dropped as a duplicate. They go into an entry of their own."""
+    backend = Backend()
+    up, mono = uplink(tmp_path, backend)
+    backend.mode = "down"
+    up.outbox.put_samples(samples(1, T0))
+    up.tick()  # seq 1: sent, failed, spooled
+    up._retry_at = mono.t + 10
+    up.outbox.put_samples(samples(1, T0 + 1))
+    up.tick()  # seq 2: never sent
+    backend.mode, backend.lose = "ok", {2}
+    mono.t += 60
+    up.outbox.put_samples(samples(1, T0 + 2))
+    up.tick()  # merged into seq 2; the replay stores 1, and 2 without an answer
+    assert len(up.spool) == 1
+    mono.t += 60
+    up.outbox.put_samples(samples(1, T0 + 3))
+    up.tick()  # an entry of its own (seq 3: merged records took none); 2 again, then 3
+    assert len(up.spool) == 0
+    assert [s for _, s in backend.seqs()] == [1, 2, 2, 3]
+    first = {b.seq: b for b in reversed(backend.batches)}  # what the backend kept
+    assert [s.ts for seq in sorted(first) for s in first[seq].samples] == [
+        T0,
+        T0 + 1,
+        T0 + 2,
+        T0 + 3,
+    ]
 
 
 def test_no_retry_before_the_backoff_expires(tmp_path: Path):

@@ -4,6 +4,7 @@ agents sent is stored exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from tests.support import TOKEN, free_port, wait_for
 from trainguard.backend.tokens import service as tokens
+from trainguard.protocol import wire
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,7 +168,18 @@ class Agent:
         return self
 
     def spooled(self) -> int:
+        """Batches in the spool (an outage's batches never sent share one: agent/uplink.py)."""
         return len(list(self.spool.glob("*.batch"))) if self.spool.is_dir() else 0
+
+    def spooled_ticks(self) -> int:
+        """Ticks' worth of samples in the spool (a tick samples every GPU once)."""
+        samples = 0
+        for p in self.spool.glob("*.batch") if self.spool.is_dir() else ():
+            if p.name.startswith(".tmp-"):  # a write in flight
+                continue
+            with contextlib.suppress(FileNotFoundError):  # replayed meanwhile
+                samples += len(wire.decode_batch(p.read_bytes()).samples)
+        return samples // self.gpus
 
     def stop(self) -> int:
         assert self.proc is not None

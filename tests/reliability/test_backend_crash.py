@@ -37,7 +37,7 @@ def test_sigkill_of_the_backend_loses_and_doubles_nothing(procs: Procs, tmp_path
         before = batches_stored(url)
         assert backend.proc is not None
         Procs.kill(backend.proc)  # mid-stream: 30 batches/s in flight, group commits
-        wait_for(lambda: all(a.spooled() >= 3 for a in agents), 30)
+        wait_for(lambda: all(a.spooled_ticks() >= 3 for a in agents), 30)
         backend.start()  # same port, same database
         wait_for(lambda b=before: stored_at_least(b) and all(a.spooled() == 0 for a in agents), 90)
 

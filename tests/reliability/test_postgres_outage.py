@@ -72,7 +72,9 @@ def test_postgres_down_means_503_and_spooling_then_nothing_lost(
             assert r.headers["retry-after"] and "retry" in r.json()["detail"]
         seen["nodes"].add(api.get("/api/v1/nodes").status_code)
         seen["readyz"].add(api.get("/readyz").status_code)
-        return time.monotonic() - down_at >= OUTAGE_S and all(a.spooled() >= 5 for a in agents)
+        return time.monotonic() - down_at >= OUTAGE_S and all(
+            a.spooled_ticks() >= 5 for a in agents
+        )
 
     wait_for(outage_observed, OUTAGE_S + 60, 0.25)
     postgres.start()

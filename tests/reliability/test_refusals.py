@@ -176,7 +176,7 @@ def test_an_agent_with_a_bad_token_stores_nothing_and_keeps_its_data_until_fixed
     # A made-up token, then a real one bound to another node.
     agent = Agent(procs, "good-node", "tg_" + "z" * 43, port, interval=0.1)
     agent.start()
-    wait_for(lambda: agent.spooled() >= 5, 30)
+    wait_for(lambda: agent.spooled_ticks() >= 5, 30)
 
     def log() -> str:
         return procs.log(agent.log_name)
@@ -190,7 +190,7 @@ def test_an_agent_with_a_bad_token_stores_nothing_and_keeps_its_data_until_fixed
     assert api.get("/nodes").json() == []  # nothing stored, no node made up
     with create_engine(url).connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM ingest_batches")).scalar_one() == 0
-    spooled, fixed_at = agent.spooled(), time.time()
+    spooled, fixed_at = agent.spooled_ticks(), time.time()
     assert spooled >= 5
 
     agent.token = tokens["good-node"]
