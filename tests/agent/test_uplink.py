@@ -128,6 +128,14 @@ def samples(n: int, t: float = T0) -> list[GpuSample]:
     return [GpuSample(uuid="GPU-a", ts=t + i * 0.001, util=50.0) for i in range(n)]
 
 
+def tick_each_second(up: Uplink, mono: Clock, seconds: int, per_tick: int) -> None:
+    """`seconds` ticks a second apart, each with `per_tick` samples taken at T0 + t."""
+    for t in range(seconds):
+        up.outbox.put_samples(samples(per_tick, T0 + t))
+        up.tick()
+        mono.t += 1.0
+
+
 def test_a_tick_posts_one_batch_with_token_and_identity(tmp_path: Path):
     backend = Backend()
     up, _ = uplink(tmp_path, backend, simulate=2)
@@ -209,10 +217,7 @@ def test_spooled_batches_replay_in_order_when_the_backend_returns(tmp_path: Path
     backend = Backend()
     up, mono = uplink(tmp_path, backend)
     backend.mode = "down"
-    for t in range(3):
-        up.outbox.put_samples(samples(2, T0 + t))
-        up.tick()
-        mono.t += 1.0
+    tick_each_second(up, mono, 3, 2)
     # The first batch was sent (it keeps its seq); those never sent share one entry.
     assert backend.batches == [] and len(up.spool) == 2
     st = up.stats()
@@ -235,10 +240,7 @@ def test_a_minute_away_replays_in_two_requests_every_sample_once_in_order(tmp_pa
     backend = Backend()
     up, mono = uplink(tmp_path, backend)
     backend.mode = "down"
-    for t in range(60):
-        up.outbox.put_samples(samples(8, T0 + t))
-        up.tick()
-        mono.t += 1.0
+    tick_each_second(up, mono, 60, 8)
     assert len(up.spool) == 2 and up.stats().batches_merged == 58
     backend.mode = "ok"
     tried = len(backend.requests)  # the retries during the outage (after each backoff)
