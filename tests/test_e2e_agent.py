@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.support import AUTH, TOKEN, free_port, wait_for
+from trainguard.protocol import wire
 
 pytestmark = pytest.mark.slow
 
@@ -125,9 +127,16 @@ def test_agent_spools_while_the_backend_is_down_and_delivers_everything_once(
     spool = procs.tmp / "spool" / "spool-node"
 
     def spooled() -> int:
-        return len(list(spool.glob("*.batch"))) if spool.is_dir() else 0
+        """Samples in the spool (an outage's batches never sent share one entry)."""
+        samples = 0
+        for p in spool.glob("*.batch") if spool.is_dir() else ():
+            if p.name.startswith(".tmp-"):  # a write in flight
+                continue
+            with contextlib.suppress(FileNotFoundError):  # replayed meanwhile
+                samples += len(wire.decode_batch(p.read_bytes()).samples)
+        return samples
 
-    wait_for(lambda: spooled() >= 5, 30)
+    wait_for(lambda: spooled() >= 10, 30)  # 5 ticks of 2 GPUs
     peak = spooled()
     down_until = time.time()
     start_server(procs, port)
@@ -157,4 +166,4 @@ def test_agent_spools_while_the_backend_is_down_and_delivers_everything_once(
         total = conn.execute(text("SELECT COUNT(*) FROM samples")).scalar_one()
     engine.dispose()
     assert dupes == []
-    assert total >= 2 * peak  # every spooled batch held 2 samples (one per GPU) or more
+    assert total >= peak  # what the spool held, stored
