@@ -127,13 +127,13 @@ class Spool:
     def size_bytes(self) -> int:
         return self._bytes
 
-    def put(self, batch: Batch, body: bytes | None = None) -> bool:
-        """Store one batch at the end of the queue; False if it had to be dropped."""
+    def put(self, batch: Batch, body: bytes | None = None) -> SpoolEntry | None:
+        """Store one batch at the end of the queue: its entry; None if it was dropped."""
         body = encode(batch) if body is None else body
         with self._lock:
             if len(body) > self.max_bytes:
                 self._record_drop(batch)
-                return False
+                return None
             while self._entries and self._bytes + len(body) > self.max_bytes:
                 self._drop_oldest()
             name = f"{self._next_order:016d}-{batch.agent_id}-{batch.seq:012d}{SUFFIX}"
@@ -142,18 +142,14 @@ class Spool:
             except OSError as exc:
                 log.warning("spool write failed (%s); batch %d dropped", exc, batch.seq)
                 self._record_drop(batch)
-                return False
+                return None
             entry = SpoolEntry(
                 self.dir / name, self._next_order, batch.agent_id, batch.seq, len(body)
             )
             self._next_order += 1
             self._entries.append(entry)
             self._bytes += entry.size
-            return True
-
-    def newest(self) -> SpoolEntry | None:
-        with self._lock:
-            return self._entries[-1] if self._entries else None
+            return entry
 
     def replace(self, entry: SpoolEntry, body: bytes) -> SpoolEntry | None:
         """Write an encoded batch over the newest entry, atomically, under its name (its

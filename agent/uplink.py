@@ -166,9 +166,7 @@ class _Part:
 def _merged(a: Batch, b: Batch, max_bytes: int) -> tuple[Batch, bytes] | None:
     """`b`'s records after `a`'s, under `a`'s key (node, agent_id, seq) with `b`'s time
     and latest state (GPU inventory, rank status), and its JSON; None when it would pass
-    a wire limit or `max_bytes` encoded, or come from another agent process."""
-    if (a.node, a.agent_id) != (b.node, b.agent_id):
-        return None
+    a wire limit or `max_bytes` encoded."""
     if (
         len(a.samples) + len(b.samples) > MAX_SAMPLES
         or len(a.events) + len(b.events) > MAX_EVENTS
@@ -410,11 +408,9 @@ class Uplink:
                 return
         self._unsent = None
         batch = self._numbered(part)
-        if self.spool.put(batch):
+        if spooled := self.spool.put(batch):
+            self._unsent = (spooled, batch)
             self._stats.batches_spooled += 1
-            newest = self.spool.newest()
-            if newest is not None and (newest.agent_id, newest.seq) == (batch.agent_id, batch.seq):
-                self._unsent = (newest, batch)
 
     def _replay(self) -> None:
         """Send spooled batches oldest first while the backend answers."""
