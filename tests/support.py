@@ -3,13 +3,17 @@ test token."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from trainguard.protocol import wire
 
 TOKEN = "test-admin-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -43,3 +47,15 @@ def stop_session(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+def spooled_samples(spool: Path) -> int:
+    """The samples held in an agent's spool directory, as the agent sees them while it
+    runs (an outage's batches never sent share one file: agent/uplink.py)."""
+    samples = 0
+    for p in spool.glob("*.batch") if spool.is_dir() else ():
+        if p.name.startswith(".tmp-"):  # a write in flight
+            continue
+        with contextlib.suppress(FileNotFoundError):  # replayed meanwhile
+            samples += len(wire.decode_batch(p.read_bytes()).samples)
+    return samples

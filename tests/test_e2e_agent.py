@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -17,8 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.support import AUTH, TOKEN, free_port, wait_for
-from trainguard.protocol import wire
+from tests.support import AUTH, TOKEN, free_port, spooled_samples, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -127,14 +125,7 @@ def test_agent_spools_while_the_backend_is_down_and_delivers_everything_once(
     spool = procs.tmp / "spool" / "spool-node"
 
     def spooled() -> int:
-        """Samples in the spool (an outage's batches never sent share one entry)."""
-        samples = 0
-        for p in spool.glob("*.batch") if spool.is_dir() else ():
-            if p.name.startswith(".tmp-"):  # a write in flight
-                continue
-            with contextlib.suppress(FileNotFoundError):  # replayed meanwhile
-                samples += len(wire.decode_batch(p.read_bytes()).samples)
-        return samples
+        return spooled_samples(spool)
 
     wait_for(lambda: spooled() >= 10, 30)  # 5 ticks of 2 GPUs
     peak = spooled()

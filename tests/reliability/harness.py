@@ -4,7 +4,6 @@ agents sent is stored exactly once."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -23,9 +22,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from tests.support import TOKEN, free_port, wait_for
+from tests.support import TOKEN, free_port, spooled_samples, wait_for
 from trainguard.backend.tokens import service as tokens
-from trainguard.protocol import wire
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,13 +171,7 @@ class Agent:
 
     def spooled_ticks(self) -> int:
         """Ticks' worth of samples in the spool (a tick samples every GPU once)."""
-        samples = 0
-        for p in self.spool.glob("*.batch") if self.spool.is_dir() else ():
-            if p.name.startswith(".tmp-"):  # a write in flight
-                continue
-            with contextlib.suppress(FileNotFoundError):  # replayed meanwhile
-                samples += len(wire.decode_batch(p.read_bytes()).samples)
-        return samples // self.gpus
+        return spooled_samples(self.spool) // self.gpus
 
     def stop(self) -> int:
         assert self.proc is not None
