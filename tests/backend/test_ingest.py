@@ -539,3 +539,28 @@ def test_the_nodes_update_finds_nodes_by_index_after_the_table_has_grown() -> No
             engine.dispose()
     assert after[0] - before[0] == 0, f"{after[0] - before[0]} scans of the whole nodes table"
     assert after[1] - before[1] >= 250  # a lookup by primary key per node updated
+
+
+def test_the_writers_array_literals_read_back_as_the_values_they_were_made_of(
+    pg_database: str,
+) -> None:
+    """The batch keys and the nodes UPDATE send their columns as array literals (text
+    PostgreSQL parses): every value comes back as it was, floats to the last bit, NULLs,
+    and strings that need quoting in an array."""
+    from trainguard.backend.ingest.statements import _array_literal
+
+    floats = [1796358315.1234567, -0.0, 1e-300, 2.5e300, None, float("inf"), 0.1 + 0.2]
+    texts = ["bench0123456789", 'a"b', "c\\d", "e,f", "{g}", "NULL", "", " h ", None]
+    ints = [1, -(2**40), 0, None, 2**62]
+    bools = [True, False, None]
+    engine = create_engine(pg_database)
+    try:
+        with engine.connect() as conn:
+            back = conn.exec_driver_sql(
+                "SELECT %s::float8[], %s::text[], %s::int8[], %s::bool[], "
+                "(%s::float8[])[1] = 'NaN'::float8",
+                tuple(_array_literal(v) for v in (floats, texts, ints, bools, [float("nan")])),
+            ).one()
+    finally:
+        engine.dispose()
+    assert list(back) == [floats, texts, ints, bools, True]
