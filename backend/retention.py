@@ -66,8 +66,18 @@ _COLS = ("gpu_id", "width_s", "bucket", "n", "ts", *_MEAN, "util_max", "temp_max
 
 
 # Raw samples older than the cutoff: the oldest buckets, a prefix of ix_samples_bucket_gpu
-# (migrations 0011, 0012); ts cuts the last of them, which the cutoff may split.
-_RAW_BEFORE_CUTOFF = "samples WHERE bucket <= :cutoff_bucket AND ts < :cutoff"
+# (migrations 0011, 0012); ts cuts the last of them, which the cutoff may split. The range
+# is closed on both ends (from the oldest bucket there is): PostgreSQL's planner, without
+# statistics for `samples` (a fresh table, autovacuum off), estimated a third of the table
+# for `bucket <= :cutoff_bucket` and read all of it in parallel, 1.8 GB after a minute at
+# 131,072 GPUs; a closed range is estimated small and read through the index.
+_RAW_BEFORE_CUTOFF = (
+    "samples WHERE bucket BETWEEN :oldest_bucket AND :cutoff_bucket AND ts < :cutoff"
+)
+# The oldest raw sample's bucket and the oldest batch key's time, each one descent of
+# its index: min() over an index's leading column is read from the index's first entry.
+_OLDEST_BUCKET = "SELECT min(bucket) FROM samples"
+_OLDEST_BATCH_KEY = "SELECT min(received_at) FROM ingest_batches"
 
 
 def _fold_raw_sql(dialect: str) -> str:
@@ -116,14 +126,33 @@ class Retention:
                 ).scalar()
                 if not got:
                     return {"skipped": "another replica is pruning"}
-            before = {"cutoff": raw_cut, "cutoff_bucket": sample_bucket(raw_cut)}
-            conn.execute(text(_fold_raw_sql(self.dialect)), before)
-            raw = conn.execute(text(f"DELETE FROM {_RAW_BEFORE_CUTOFF}"), before).rowcount
+            # Nothing older than the cutoff (the first raw_retention_s of a deployment, a
+            # run just after the last): no statement reads the tables at all. Every minute
+            # at the goal rate each such run cost a scan of every raw sample, and the
+            # ingest p99 of the 10 s around it went from hundreds of ms to 1.5-3.5 s
+            # (docs/benchmarks.md, "The pruner's first run").
+            raw = keys = 0
+            cutoff_bucket = sample_bucket(raw_cut)
+            oldest = conn.execute(text(_OLDEST_BUCKET)).scalar()
+            if oldest is not None and oldest <= cutoff_bucket:
+                before = {
+                    "cutoff": raw_cut,
+                    "cutoff_bucket": cutoff_bucket,
+                    "oldest_bucket": oldest,
+                }
+                conn.execute(text(_fold_raw_sql(self.dialect)), before)
+                raw = conn.execute(text(f"DELETE FROM {_RAW_BEFORE_CUTOFF}"), before).rowcount
             # A batch's key dedups a replay of it while its samples are raw; a replay
             # older than that would only add to a window already folded.
-            keys = conn.execute(
-                text("DELETE FROM ingest_batches WHERE received_at < :c"), {"c": raw_cut}
-            ).rowcount
+            oldest_key = conn.execute(text(_OLDEST_BATCH_KEY)).scalar()
+            if oldest_key is not None and oldest_key < raw_cut:
+                keys = conn.execute(
+                    text(
+                        "DELETE FROM ingest_batches WHERE received_at >= :oldest "
+                        "AND received_at < :c"
+                    ),
+                    {"oldest": oldest_key, "c": raw_cut},
+                ).rowcount
             conn.execute(text(_fold_60_sql(self.dialect)), {"cutoff": cut_60})
             r60 = conn.execute(
                 text("DELETE FROM sample_rollups WHERE width_s = 60 AND bucket < :c"),

@@ -114,3 +114,27 @@ def test_batch_keys_are_kept_as_long_as_the_raw_samples(client: Any, db_url: str
     finally:
         engine.dispose()
     assert (report["batch_keys_dropped"], report["raw_folded"], keys) == (2, 2, 0)
+
+
+def test_a_run_with_nothing_past_the_cutoff_reads_neither_table(client: Any, db_url: str) -> None:
+    """The first raw_retention_s of a deployment have nothing to fold: a run asks each
+    table for its oldest entry (one descent of an index) and runs nothing else on them.
+    Before, every run folded and deleted `bucket <= cutoff`, which PostgreSQL without
+    statistics planned as a scan of every raw sample, once a minute."""
+    from sqlalchemy import event
+
+    t = time.time()
+    post(client, 1, [wire.GpuSample(uuid="GPU-n1-0", ts=t - 60 + i, util=1.0) for i in range(60)])
+    engine = create_engine(db_url)
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    try:
+        report = Retention(engine, RetentionPolicy(6 * HOUR, 7 * 86400, 90 * 86400)).run_once(t)
+    finally:
+        engine.dispose()
+    assert (report["raw_folded"], report["batch_keys_dropped"]) == (0, 0)
+    on_samples = [s for s in statements if "samples " in s or s.endswith("samples")]
+    on_keys = [s for s in statements if "ingest_batches" in s]
+    assert on_samples == ["SELECT min(bucket) FROM samples"]
+    assert on_keys == ["SELECT min(received_at) FROM ingest_batches"]
+    assert counts(db_url)[0] == 60
