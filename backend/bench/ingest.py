@@ -1,9 +1,9 @@
 """`trainguard bench ingest`: sustained end-to-end ingest through a real backend process.
 
-Load generators (separate processes, asyncio, keep-alive connections) play N nodes of G
-simulated GPUs each, sampled every `period` (1 s = real time) and sent as one batch per node
-every `batch_interval` (default: every sample; the backend's `agent_batch_interval_s`,
-which real agents follow, is set to the same value), against one
+Load generators (separate processes, one epoll loop each, keep-alive connections) play N
+nodes of G simulated GPUs each, sampled every `period` (1 s = real time) and sent as one
+batch per node every `batch_interval` (default: every sample; the backend's
+`agent_batch_interval_s`, which real agents follow, is set to the same value), against one
 `trainguard server` process on a loopback port. Reported: samples/s stored (counted in the
 database, not just sent), ingest latency p50/p99, backend CPU and RSS, and on PostgreSQL the
 raw limit (binary COPY of the same rows, no HTTP) measured in the same run for the ratio.
@@ -11,12 +11,15 @@ raw limit (binary COPY of the same rows, no HTTP) measured in the same run for t
 
 from __future__ import annotations
 
-import asyncio
+import errno
+import heapq
 import json
 import math
 import multiprocessing as mp
 import os
 import random
+import select
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -24,36 +27,6 @@ from typing import Any
 from trainguard.backend.bench.common import rss_cpu
 
 TOKEN = "bench-token-0123456789abcdef"
-
-
-class _Conn:
-    """A minimal HTTP/1.1 keep-alive client on asyncio streams: the load generator must
-    cost far less CPU than the server it measures (httpx's async client did not)."""
-
-    def __init__(self, host: str, port: int, content_type: str = "application/json") -> None:
-        self.host, self.port, self.content_type = host, port, content_type
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: bytes) -> tuple[int, float]:
-        """The answer's status, and its Retry-After in seconds (0 when none)."""
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Content-Type: {self.content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        self.writer.write(head.encode() + body)
-        await self.writer.drain()
-        # The answer's head in one read, not a read per header line.
-        answer = (await self.reader.readuntil(b"\r\n\r\n")).lower()
-        at = answer.find(b"\r\ncontent-length:")
-        length = int(answer[at + 17 : answer.index(b"\r\n", at + 2)]) if at >= 0 else 0
-        await self.reader.readexactly(length)
-        at = answer.find(b"\r\nretry-after:")
-        retry_after = float(answer[at + 14 : answer.index(b"\r\n", at + 2)]) if at >= 0 else 0.0
-        return int(answer.split(None, 2)[1]), retry_after
 
 
 def node_phases(count: int, interval: float) -> list[float]:
@@ -64,73 +37,40 @@ def node_phases(count: int, interval: float) -> list[float]:
     return [(i + random.random()) * interval / count for i in range(count)]
 
 
-def _gen_worker(
-    url: str,
-    nodes: list[str],
-    gpus: int,
-    period: float,
-    batch_interval: float,
-    duration: float,
-    out: Any,
-    encoding: str = "json",
-    ramp: float = 0.0,
-) -> None:
-    from trainguard.protocol import wire
+class _Node:
+    """One simulated node of a generator process: its schedule, its batch and its
+    keep-alive connection (as a real agent holds one)."""
 
-    encode = wire.encode_msgpack if encoding == "msgpack" else wire.encode
-    content_type = wire.MSGPACK_TYPE if encoding == "msgpack" else wire.JSON_TYPE
+    __slots__ = (
+        "agent_id",
+        "answer",
+        "body",
+        "busy",
+        "end",
+        "fresh",
+        "inventory",
+        "name",
+        "nxt",
+        "out",
+        "refusals",
+        "resend",
+        "retried",
+        "samples",
+        "seq",
+        "sock",
+        "t0",
+    )
 
-    host, port = url.removeprefix("http://").split(":")
-    # The nodes start over `spread` seconds; every node sends from its start to
-    # `duration` after it, so all of them do in [spread, duration] after the start.
-    spread = max(ramp, batch_interval)
+    def __init__(self, name: str, gpus: int, per_batch: int, due: float, duration: float) -> None:
+        from trainguard.protocol import wire
 
-    async def post(conn: _Conn, body: bytes) -> tuple[int, float]:
-        # A kept connection the server closed while idle fails on first use: reconnect
-        # once and resend, as an HTTP client's pool does.
-        for attempt in range(2):
-            reused = conn.writer is not None
-            try:
-                return await conn.post("/api/v1/ingest", body)
-            except (
-                OSError,
-                asyncio.IncompleteReadError,
-                asyncio.LimitOverrunError,
-                ValueError,
-                IndexError,
-            ):
-                conn.writer = None
-                if not reused or attempt:
-                    break
-        return 0, 0.0
-
-    async def node_loop(
-        node: str,
-        due: float,
-        lat: list[tuple[float, float]],
-        first: list[float],
-        err: list[int],
-        slip: list[float],
-        steady: list[float],
-        all_on: tuple[float, float],  # the monotonic span when every node is sending
-        answers_503: list[int],  # per batch, how many 503 answers it got before the last
-    ) -> None:
-        # One keep-alive connection per node, as a real agent holds one.
-        conn = _Conn(host, int(port), content_type)
-        agent_id = f"bench{random.getrandbits(40):010x}"
-        uuids = [f"GPU-bench-{node}-{i}" for i in range(gpus)]
-        inventory = [wire.GpuInfo(uuid=u, index=i) for i, u in enumerate(uuids)]
-        per_batch = max(1, round(batch_interval / period))  # samples per GPU per batch
-        # The node's batches are due at its planned phase and every batch_interval after
-        # it, not from whenever this coroutine first woke: woken late by a busy loop (a
-        # start-up of thousands of nodes), the nodes' phases bunched, and the server got
-        # 1,000 to 3,000 batches a second in waves of the interval for 2,048 offered.
-        nxt = due
-        end = nxt + duration
-        await asyncio.sleep(max(0.0, nxt - time.monotonic()))
+        self.name = name
+        self.agent_id = f"bench{random.getrandbits(40):010x}"
+        uuids = [f"GPU-bench-{name}-{i}" for i in range(gpus)]
+        self.inventory = [wire.GpuInfo(uuid=u, index=i) for i, u in enumerate(uuids)]
         # The node's samples are built once and refreshed in place for each batch: the
-        # generator shares the machine with what it measures (42 -> 30 µs a batch).
-        samples = [
+        # generator shares the machine with what it measures (42 -> 30 us a batch).
+        self.samples = [
             wire.GpuSample(
                 uuid=u,
                 ts=0.0,
@@ -148,96 +88,257 @@ def _gen_worker(
             for _ in range(per_batch)
             for u in uuids
         ]
-        rand = random.random
-        seq = 0
-        # A batch goes if it was due before the end and the end has not passed: a batch
-        # behind schedule at the end is not sent (the run measures what the server kept
-        # up with), and a timer that fires a little early (uvloop's) adds none.
-        while nxt < end and time.monotonic() < end:
-            seq += 1
-            now = time.time()
-            for i, sample in enumerate(samples):  # oldest first, as an agent's outbox
-                sample.ts = now - (per_batch - 1 - i // gpus) * period
-                sample.util = 80.0 + 20.0 * rand()
-                sample.temp_c = 55.0 + 20.0 * rand()
-            batch = wire.Batch(
-                node=node,
-                agent_id=agent_id,
-                seq=seq,
+        # The node's batches are due at its planned phase and every batch_interval after
+        # it, not from whenever the generator first got to it: started late by a busy
+        # process, the nodes' phases bunched, and the server got 1,000 to 3,000 batches
+        # a second in waves of the interval for 2,048 offered.
+        self.nxt = due
+        self.end = due + duration
+        self.seq = 0
+        self.body = b""  # the batch in flight, whole request
+        self.t0 = 0.0  # its first send (perf_counter): latency counts from there
+        self.refusals = 0  # 503 answers it got so far
+        self.resend = False  # due again after a 503, not a new batch
+        self.busy = False  # a request is in flight
+        self.sock: socket.socket | None = None
+        self.fresh = False  # the connection was opened for the request in flight
+        self.retried = False  # the request was sent again on a new connection
+        self.out = b""  # what is left to send of the request
+        self.answer = bytearray()  # what has come of the answer
+
+
+def _parse_answer(buf: bytearray) -> tuple[int, float, int] | None:
+    """A complete HTTP answer at the start of `buf`: (status, its Retry-After in seconds,
+    0 when none, its length in bytes); None while it is not all there."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = bytes(buf[: end + 2]).lower()
+    at = head.find(b"\r\ncontent-length:")
+    length = int(head[at + 17 : head.index(b"\r\n", at + 2)]) if at >= 0 else 0
+    if len(buf) < end + 4 + length:
+        return None
+    at = head.find(b"\r\nretry-after:")
+    retry_after = float(head[at + 14 : head.index(b"\r\n", at + 2)]) if at >= 0 else 0.0
+    return int(head.split(None, 2)[1]), retry_after, end + 4 + length
+
+
+def _gen_worker(
+    url: str,
+    nodes: list[str],
+    gpus: int,
+    period: float,
+    batch_interval: float,
+    duration: float,
+    out: Any,
+    encoding: str = "json",
+    ramp: float = 0.0,
+) -> None:
+    """One generator process: its nodes' batches, each on the node's own keep-alive
+    connection, from one epoll loop over non-blocking sockets and a heap of due times.
+
+    The generator shares the machine with what it measures, so it must cost far less
+    than the server: httpx's async client did not, and a coroutine per node on asyncio
+    streams (uvloop) took 0.34-0.40 cores at 2,048 batches/s, this loop 0.24-0.33 with
+    the connects of the start, 0.22 after them (docs/benchmarks.md, "The pruner's first
+    run, and a leaner load generator")."""
+    from trainguard.protocol import wire
+
+    encode = wire.encode_msgpack if encoding == "msgpack" else wire.encode
+    content_type = wire.MSGPACK_TYPE if encoding == "msgpack" else wire.JSON_TYPE
+    host, port = url.removeprefix("http://").split(":")
+    addr = (host, int(port))
+    head = (
+        f"POST /api/v1/ingest HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: "
+    ).encode()
+    per_batch = max(1, round(batch_interval / period))  # samples per GPU per batch
+    # The nodes start over `spread` seconds; every node sends from its start to
+    # `duration` after it, so all of them do in [spread, duration] after the start.
+    spread = max(ramp, batch_interval)
+    t_start = time.monotonic()
+    all_on = (t_start + spread, t_start + duration)  # the span when every node sends
+    lat: list[tuple[float, float]] = []  # (when answered, epoch s; latency s)
+    first: list[float] = []
+    steady: list[float] = []
+    slip: list[float] = []  # how late each batch left its schedule
+    err: list[int] = []
+    answers_503: list[int] = []  # per batch, how many 503 answers it got before the last
+    ep = select.epoll()
+    by_fd: dict[int, _Node] = {}
+    due: list[tuple[float, int, _Node]] = []  # (when, tie-break, node)
+    for i, (name, phase) in enumerate(zip(nodes, node_phases(len(nodes), spread), strict=True)):
+        node = _Node(name, gpus, per_batch, t_start + phase, duration)
+        heapq.heappush(due, (node.nxt, i, node))
+    order = len(nodes)
+    active = len(nodes)
+    rand = random.random
+
+    def close(n: _Node) -> None:
+        if n.sock is not None:
+            by_fd.pop(n.sock.fileno(), None)
+            n.sock.close()  # and out of the epoll set
+            n.sock = None
+
+    def send(n: _Node) -> None:
+        """Send the batch in flight, on a new connection where the node has none."""
+        n.out, n.answer, n.busy = n.body, bytearray(), True
+        if n.sock is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as asyncio's
+            n.sock, n.fresh = sock, True
+            by_fd[sock.fileno()] = n
+            if sock.connect_ex(addr) not in (0, errno.EINPROGRESS):
+                failed(n)
+                return
+            ep.register(sock, select.EPOLLOUT)  # writable once connected
+            return
+        write(n)
+
+    def write(n: _Node) -> None:
+        assert n.sock is not None
+        try:
+            sent = n.sock.send(n.out)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            failed(n)
+            return
+        n.out = n.out[sent:]
+        if n.out:
+            ep.modify(n.sock, select.EPOLLIN | select.EPOLLOUT)
+
+    def failed(n: _Node) -> None:
+        """The connection failed or closed: a kept one the server closed while idle fails
+        on first use, so the request goes once more on a new connection, as an HTTP
+        client's pool does; otherwise the batch failed (status 0)."""
+        close(n)
+        if not n.fresh and not n.retried:
+            n.retried = True
+            send(n)
+        else:
+            answered(n, 0, 0.0)
+
+    def answered(n: _Node, status: int, retry_after: float) -> None:
+        nonlocal order
+        n.busy = False
+        # 503 (the database unavailable, a proxy's overload): sent again after
+        # Retry-After and the agent's jitter (agent/uplink.py), until one interval past
+        # the end. Latency is from the first send to the answer that stored it.
+        if status == 503 and time.monotonic() + retry_after <= n.end + batch_interval:
+            backoff = min(30.0, 0.5 * 2**n.refusals)
+            n.refusals += 1
+            n.resend = True
+            order += 1
+            again = time.monotonic() + retry_after + random.uniform(0, backoff)
+            heapq.heappush(due, (again, order, n))
+            return
+        answers_503.append(n.refusals)
+        if status == 200:
+            # An agent's first batch registers its node and GPUs: a one-time cost,
+            # reported apart from the steady state.
+            took = time.perf_counter() - n.t0
+            if n.seq == 1:
+                first.append(took)
+            else:
+                lat.append((time.time(), took))
+                if all_on[0] <= n.nxt < all_on[1]:
+                    steady.append(took)
+        else:
+            err.append(status)
+        n.nxt += batch_interval
+        order += 1
+        heapq.heappush(due, (n.nxt, order, n))
+
+    def start_batch(n: _Node) -> bool:
+        """Send the node's next batch; False when the node is done: a batch goes if it
+        was due before the end and the end has not passed (a batch behind schedule at
+        the end is not sent: the run measures what the server kept up with)."""
+        if not (n.nxt < n.end and time.monotonic() < n.end):
+            close(n)
+            return False
+        n.seq += 1
+        now = time.time()
+        samples = n.samples
+        for i, sample in enumerate(samples):  # oldest first, as an agent's outbox
+            sample.ts = now - (per_batch - 1 - i // gpus) * period
+            sample.util = 80.0 + 20.0 * rand()
+            sample.temp_c = 55.0 + 20.0 * rand()
+        body = encode(
+            wire.Batch(
+                node=n.name,
+                agent_id=n.agent_id,
+                seq=n.seq,
                 sent_at=now,
                 simulated=True,
-                gpus=inventory if seq == 1 else None,
+                gpus=n.inventory if n.seq == 1 else None,
                 samples=samples,
             )
-            body = encode(batch)
-            slip.append(time.monotonic() - nxt)  # how late this batch leaves its schedule
-            t0 = time.perf_counter()
-            refusals = 0
-            while True:
-                status, retry_after = await post(conn, body)
-                # 503 (the database unavailable, a proxy's overload): sent again after
-                # Retry-After and the agent's jitter (agent/uplink.py), until one interval
-                # past the end. Latency is from the first send to the answer that stored it.
-                if status != 503 or time.monotonic() + retry_after > end + batch_interval:
-                    break
-                backoff = min(30.0, 0.5 * 2**refusals)
-                refusals += 1
-                await asyncio.sleep(retry_after + random.uniform(0, backoff))
-            answers_503.append(refusals)
-            if status == 200:
-                # An agent's first batch registers its node and GPUs: a one-time cost,
-                # reported apart from the steady state.
-                took = time.perf_counter() - t0
-                if seq == 1:
-                    first.append(took)
-                else:
-                    lat.append((time.time(), took))
-                    if all_on[0] <= nxt < all_on[1]:
-                        steady.append(took)
-            else:
-                err.append(status)
-            nxt += batch_interval
-            await asyncio.sleep(max(0.0, nxt - time.monotonic()))
-
-    async def main() -> None:
-        lat: list[tuple[float, float]] = []  # (when answered, epoch s; latency s)
-        err: list[int] = []
-        slip: list[float] = []
-        first: list[float] = []
-        steady: list[float] = []
-        answers_503: list[int] = []
-        t0 = time.monotonic()
-        all_on = (t0 + spread, t0 + duration)
-        due = [t0 + ph for ph in node_phases(len(nodes), spread)]
-        await asyncio.gather(
-            *(
-                node_loop(n, d, lat, first, err, slip, steady, all_on, answers_503)
-                for n, d in zip(nodes, due, strict=True)
-            )
         )
-        t = os.times()
-        out.put(
-            {
-                "lat": lat,
-                "first": first,
-                "errors": len(err),
-                "slip": slip,
-                "steady": steady,
-                "answers_503": sum(answers_503),
-                "sent_again": sum(1 for n in answers_503 if n),
-                "cpu_s": t.user + t.system,
-            }
-        )
+        n.body = head + str(len(body)).encode() + b"\r\n\r\n" + body
+        slip.append(time.monotonic() - n.nxt)
+        n.t0 = time.perf_counter()
+        n.refusals, n.retried = 0, False
+        send(n)
+        return True
 
-    # The generator shares the machine with what it measures: uvloop (uvicorn[standard]
-    # installs it, the server runs on it) where present. The asyncio default loop's
-    # selector and transport were a third of the generator's CPU (py-spy).
-    try:
-        import uvloop
-    except ImportError:  # not on this platform: the default loop
-        asyncio.run(main())
-    else:
-        uvloop.run(main())
+    while active:
+        timeout = max(0.0, due[0][0] - time.monotonic()) if due else -1.0
+        for fd, events in ep.poll(timeout):
+            n = by_fd.get(fd)
+            if n is None or n.sock is None:
+                continue
+            if n.out and events & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
+                if n.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    failed(n)  # the connect failed
+                    continue
+                write(n)
+                if not n.out and n.sock is not None:
+                    ep.modify(n.sock, select.EPOLLIN)
+                continue
+            if events & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP):
+                try:
+                    data = n.sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # closed: by the server while idle, or under a request
+                    if n.busy:
+                        failed(n)
+                    else:
+                        close(n)
+                    continue
+                n.answer += data
+                parsed = _parse_answer(n.answer)
+                if parsed is None:
+                    continue
+                n.fresh = False  # the connection answered: it is a kept one from now on
+                status, retry_after, _ = parsed
+                answered(n, status, retry_after)
+        now = time.monotonic()
+        while due and due[0][0] <= now:
+            n = heapq.heappop(due)[2]
+            if n.resend:
+                n.resend, n.retried = False, False
+                send(n)
+            elif not start_batch(n):
+                active -= 1
+    ep.close()
+    t = os.times()
+    out.put(
+        {
+            "lat": lat,
+            "first": first,
+            "errors": len(err),
+            "slip": slip,
+            "steady": steady,
+            "answers_503": sum(answers_503),
+            "sent_again": sum(1 for n in answers_503 if n),
+            "cpu_s": t.user + t.system,
+        }
+    )
 
 
 def server_pids(pid: int) -> list[int]:

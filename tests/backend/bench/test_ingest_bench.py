@@ -206,3 +206,52 @@ def test_the_generator_sends_a_batch_again_after_a_503_and_retry_after_and_count
     assert (result["answers_503"], result["sent_again"], result["errors"]) == (2, 2, 0)
     assert len(result["first"]) == 1 and len(result["lat"]) == 1
     assert result["first"][0] >= 1.0 and result["lat"][0][1] >= 1.0  # waited Retry-After
+
+
+def test_the_generator_resends_once_on_a_new_connection_when_a_kept_one_fails() -> None:
+    """A kept connection the server dropped fails on first use: the batch goes again on a
+    new connection, as an HTTP client's pool does, and counts as sent once. A connection
+    the server closes while the node is idle is replaced at the next batch."""
+    import asyncio
+    import queue
+    import threading
+
+    from trainguard.protocol import wire
+
+    seen: list[tuple[int, int, str]] = []  # (connection, seq, what the server did)
+    connections = 0
+    ready = threading.Event()
+    port = free_port()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        conn = connections
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            seq = wire.decode_batch(await reader.readexactly(length)).seq
+            if seq == 2 and conn == 1:  # the kept connection, gone stale: dropped unanswered
+                seen.append((conn, seq, "dropped"))
+                writer.close()
+                return
+            seen.append((conn, seq, "200"))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+            if seq == 2:  # an idle timeout: closed after the answer
+                writer.close()
+                return
+
+    async def serve() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        ready.set()
+        async with server:
+            await asyncio.sleep(30)
+
+    threading.Thread(target=asyncio.run, args=(serve(),), daemon=True).start()
+    ready.wait(10)
+    out: queue.Queue = queue.Queue()
+    ingest._gen_worker(f"http://127.0.0.1:{port}", ["n0"], 1, 1.5, 1.5, 4.5, out)
+    result = out.get(timeout=5)
+    assert seen == [(1, 1, "200"), (1, 2, "dropped"), (2, 2, "200"), (3, 3, "200")]
+    assert (result["errors"], result["answers_503"]) == (0, 0)
+    assert len(result["first"]) == 1 and len(result["lat"]) == 2
