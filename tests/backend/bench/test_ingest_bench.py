@@ -4,6 +4,7 @@ paced batches of several samples per GPU; what it reports is what the database h
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, func, select
@@ -166,19 +167,39 @@ def test_the_nodes_batches_are_spread_evenly_over_the_interval() -> None:
     assert phases != ingest.node_phases(16384, 8.0)  # ... at a random place in it
 
 
+def generate_against(handle: Any, period: float, duration: float) -> dict[str, Any]:
+    """One generator process's run for one node of one GPU (a batch every `period`), against
+    a fake server on asyncio whose connections `handle` serves; the generator's report."""
+    import asyncio
+    import queue
+    import threading
+
+    ready = threading.Event()
+    port = free_port()
+
+    async def serve() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        ready.set()
+        async with server:
+            await asyncio.sleep(30)
+
+    threading.Thread(target=asyncio.run, args=(serve(),), daemon=True).start()
+    ready.wait(10)
+    out: queue.Queue = queue.Queue()
+    ingest._gen_worker(f"http://127.0.0.1:{port}", ["n0"], 1, period, period, duration, out)
+    result: dict[str, Any] = out.get(timeout=5)
+    return result
+
+
 def test_the_generator_sends_a_batch_again_after_a_503_and_retry_after_and_counts_it() -> None:
     """A server that answers each batch's first send with 503 and Retry-After: 1, as an
     unavailable database does: every batch is sent again after it (as an agent does),
     counted once, its latency from the first send."""
     import asyncio
-    import queue
-    import threading
 
     from trainguard.protocol import wire
 
     seen: list[tuple[int, int]] = []  # (seq, status answered)
-    ready = threading.Event()
-    port = free_port()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         tried: set[int] = set()
@@ -191,17 +212,7 @@ def test_the_generator_sends_a_batch_again_after_a_503_and_retry_after_and_count
             extra = b"Retry-After: 1\r\n" if status == 503 else b""
             writer.write(b"HTTP/1.1 %d X\r\n%sContent-Length: 2\r\n\r\n{}" % (status, extra))
 
-    async def serve() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", port)
-        ready.set()
-        async with server:
-            await asyncio.sleep(30)
-
-    threading.Thread(target=asyncio.run, args=(serve(),), daemon=True).start()
-    ready.wait(10)
-    out: queue.Queue = queue.Queue()
-    ingest._gen_worker(f"http://127.0.0.1:{port}", ["n0"], 1, 2.0, 2.0, 4.0, out)
-    result = out.get(timeout=5)
+    result = generate_against(handle, 2.0, 4.0)
     assert seen == [(1, 503), (1, 200), (2, 503), (2, 200)]
     assert (result["answers_503"], result["sent_again"], result["errors"]) == (2, 2, 0)
     assert len(result["first"]) == 1 and len(result["lat"]) == 1
@@ -213,15 +224,11 @@ def test_the_generator_resends_once_on_a_new_connection_when_a_kept_one_fails() 
     new connection, as an HTTP client's pool does, and counts as sent once. A connection
     the server closes while the node is idle is replaced at the next batch."""
     import asyncio
-    import queue
-    import threading
 
     from trainguard.protocol import wire
 
     seen: list[tuple[int, int, str]] = []  # (connection, seq, what the server did)
     connections = 0
-    ready = threading.Event()
-    port = free_port()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
@@ -241,17 +248,7 @@ def test_the_generator_resends_once_on_a_new_connection_when_a_kept_one_fails() 
                 writer.close()
                 return
 
-    async def serve() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", port)
-        ready.set()
-        async with server:
-            await asyncio.sleep(30)
-
-    threading.Thread(target=asyncio.run, args=(serve(),), daemon=True).start()
-    ready.wait(10)
-    out: queue.Queue = queue.Queue()
-    ingest._gen_worker(f"http://127.0.0.1:{port}", ["n0"], 1, 1.5, 1.5, 4.5, out)
-    result = out.get(timeout=5)
+    result = generate_against(handle, 1.5, 4.5)
     assert seen == [(1, 1, "200"), (1, 2, "dropped"), (2, 2, "200"), (3, 3, "200")]
     assert (result["errors"], result["answers_503"]) == (0, 0)
     assert len(result["first"]) == 1 and len(result["lat"]) == 2
