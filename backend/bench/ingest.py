@@ -61,7 +61,7 @@ class _Node:
         "t0",
     )
 
-    def __init__(self, name: str, gpus: int, per_batch: int, due: float, duration: float) -> None:
+    def __init__(self, name: str, gpus: int, per_batch: int) -> None:
         from trainguard.protocol import wire
 
         self.name = name
@@ -91,9 +91,9 @@ class _Node:
         # The node's batches are due at its planned phase and every batch_interval after
         # it, not from whenever the generator first got to it: started late by a busy
         # process, the nodes' phases bunched, and the server got 1,000 to 3,000 batches
-        # a second in waves of the interval for 2,048 offered.
-        self.nxt = due
-        self.end = due + duration
+        # a second in waves of the interval for 2,048 offered. Set with the schedule.
+        self.nxt = 0.0  # when its next batch is due (monotonic)
+        self.end = 0.0  # no batch due at or after it is sent
         self.seq = 0
         self.body = b""  # the batch in flight, whole request
         self.t0 = 0.0  # its first send (perf_counter): latency counts from there
@@ -156,8 +156,6 @@ def _gen_worker(
     # The nodes start over `spread` seconds; every node sends from its start to
     # `duration` after it, so all of them do in [spread, duration] after the start.
     spread = max(ramp, batch_interval)
-    t_start = time.monotonic()
-    all_on = (t_start + spread, t_start + duration)  # the span when every node sends
     lat: list[tuple[float, float]] = []  # (when answered, epoch s; latency s)
     first: list[float] = []
     steady: list[float] = []
@@ -167,8 +165,14 @@ def _gen_worker(
     ep = select.epoll()
     by_fd: dict[int, _Node] = {}
     due: list[tuple[float, int, _Node]] = []  # (when, tie-break, node)
-    for i, (name, phase) in enumerate(zip(nodes, node_phases(len(nodes), spread), strict=True)):
-        node = _Node(name, gpus, per_batch, t_start + phase, duration)
+    # Every node's state first (0.25 s for 8,192 nodes), then the schedule: started
+    # before it, the nodes whose phase passed meanwhile would all go at once.
+    ready = [_Node(name, gpus, per_batch) for name in nodes]
+    t_start = time.monotonic()
+    all_on = (t_start + spread, t_start + duration)  # the span when every node sends
+    for i, (node, phase) in enumerate(zip(ready, node_phases(len(nodes), spread), strict=True)):
+        node.nxt = t_start + phase
+        node.end = node.nxt + duration
         heapq.heappush(due, (node.nxt, i, node))
     order = len(nodes)
     active = len(nodes)
