@@ -86,9 +86,10 @@ def _array_literal(values: Sequence[Any]) -> str:
     """`values` as PostgreSQL's text form of an array, for a `%s::type[]` parameter: an
     int or a float as its repr (which float8 reads back exactly, nan and inf included), a
     bool as True/False, a str double-quoted, None as NULL. Handed a list, psycopg dumps it
-    element by element in Python: 1.3 us an element here, 11 % of the writer's CPU at
-    2,048 batches/s; the literal costs a third of that, and PostgreSQL parses the same
-    text as before (docs/benchmarks.md, "The writer's arrays")."""
+    element by element in Python: 1.3 us an element here, 11 % of the writer thread's CPU
+    in rounds of 2,048 batches; the literal costs a third of that, and PostgreSQL parses
+    the same text as before (docs/benchmarks.md, "The pruner's first run, and a leaner
+    load generator": the writer's arrays)."""
     return (
         "{"
         + ",".join(
