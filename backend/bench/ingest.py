@@ -107,9 +107,9 @@ class _Node:
         self.answer = bytearray()  # what has come of the answer
 
 
-def _parse_answer(buf: bytearray) -> tuple[int, float, int] | None:
-    """A complete HTTP answer at the start of `buf`: (status, its Retry-After in seconds,
-    0 when none, its length in bytes); None while it is not all there."""
+def _parse_answer(buf: bytearray) -> tuple[int, float] | None:
+    """A complete HTTP answer at the start of `buf`: its status and its Retry-After in
+    seconds (0 when none); None while it is not all there."""
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         return None
@@ -120,7 +120,7 @@ def _parse_answer(buf: bytearray) -> tuple[int, float, int] | None:
         return None
     at = head.find(b"\r\nretry-after:")
     retry_after = float(head[at + 14 : head.index(b"\r\n", at + 2)]) if at >= 0 else 0.0
-    return int(head.split(None, 2)[1]), retry_after, end + 4 + length
+    return int(head.split(None, 2)[1]), retry_after
 
 
 def _gen_worker(
@@ -319,7 +319,7 @@ def _gen_worker(
                 if parsed is None:
                     continue
                 n.fresh = False  # the connection answered: it is a kept one from now on
-                status, retry_after, _ = parsed
+                status, retry_after = parsed
                 answered(n, status, retry_after)
         now = time.monotonic()
         while due and due[0][0] <= now:
