@@ -58,6 +58,20 @@ FT_OPTIONS: tuple[tuple[str, str], ...] = (
     ("--ft-workload-check-interval", "1"),
 )
 
+# NVRx 0.7's barrier rendezvous closes for good when two ft_launchers of one job share a
+# host ("Detected multiple participants on the same node ... Permanently closing the
+# rendezvous"), unless this switch is set: upstream's own override "for intentional
+# simulation". The demo, the benchmarks and the tests imitate several nodes with several
+# launchers on one machine, so they set it for those launchers, and only then: trainguard
+# never sets it for a real node (docs/restarts.md, "NVRx versions").
+SIMULATED_NODES_ENV = "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE"
+
+
+def simulation_env(launchers_on_this_host: int) -> dict[str, str]:
+    """The environment for ft_launchers that imitate that many nodes on this one host."""
+    return {SIMULATED_NODES_ENV: "1"} if launchers_on_this_host > 1 else {}
+
+
 _OPTION = re.compile(r"(--?[A-Za-z0-9][\w-]*)(?: (\{[^}]*\}))?")
 
 
@@ -225,6 +239,7 @@ def launch(
     procs = []
     for i, sock in enumerate(agent_sockets):
         child_env = dict(os.environ)
+        child_env.update(simulation_env(len(agent_sockets)))
         child_env.update(env or {})
         child_env.update(
             TRAINGUARD_AGENT_SOCKET=sock,

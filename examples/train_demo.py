@@ -367,6 +367,23 @@ def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = 
     return step
 
 
+def keep_own_health_checks_without_nvml(wrapper: inprocess.Wrapper) -> None:
+    """NVRx 0.5+ chains NVML checks of this rank's GPU into every Wrapper (when LOCAL_RANK
+    is set) and runs them before each in-process restart. This job trains on CPU beside
+    simulated GPUs: where NVML does not load, those checks fail and every in-process
+    restart ends the ranks (a launcher restart instead; docs/restarts.md, "NVRx
+    versions"). There, the Wrapper keeps only the job's own checks (none here). On a GPU
+    node NVML loads and NVRx's checks stay."""
+    if sdk.in_process_blocker(wrapper) is not None:
+        wrapper.restart_health_check = wrapper.health_check
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            print(
+                "[demo] no NVML on this host (simulated GPUs): NVRx's GPU health checks "
+                "before in-process restarts are left out",
+                flush=True,
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
@@ -405,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         termination_grace_time=td(seconds=2),
         monitor_process_logfile=str(logdir / f"monitor-{tg.attempt}-{{rank}}.log"),
     )
+    keep_own_health_checks_without_nvml(wrapper)
 
     def reported(*a, **kw):
         try:

@@ -202,13 +202,16 @@ def env_int(name: str, default: int) -> int:
 WRAP_MODULE = "nvidia_resiliency_ext.inprocess.wrap"
 
 
-def under_wrapper(frame: FrameType | None = None) -> bool:
-    """Whether NVRx's inprocess.Wrapper is running the code of `frame` (default: the
-    caller's): a `CallWrapper.__call__` frame of nvidia_resiliency_ext.inprocess.wrap on
-    its stack. Every wrapped call runs there, from NVRx 0.4.1 to 0.7 (0.6 deprecated the
-    Wrapper but kept it). Nothing is imported: without NVRx loaded the answer is False."""
+_UNKNOWN_WRAPPER = object()  # a Wrapper's frame whose Wrapper object could not be read
+
+
+def running_wrapper(frame: FrameType | None = None) -> object | None:
+    """The NVRx `inprocess.Wrapper` whose `CallWrapper.__call__` frame is on the stack of
+    `frame` (default: the caller's), or None. Every wrapped call runs there, from NVRx
+    0.4.1 to 0.7 (0.6 deprecated the Wrapper but kept it). Nothing is imported: without
+    NVRx loaded the answer is None."""
     if WRAP_MODULE not in sys.modules:
-        return False
+        return None
     f: FrameType | None = sys._getframe(1) if frame is None else frame
     while f is not None:
         code = f.f_code
@@ -216,6 +219,53 @@ def under_wrapper(frame: FrameType | None = None) -> bool:
             code.co_qualname == "CallWrapper.__call__"
             and f.f_globals.get("__name__") == WRAP_MODULE
         ):
-            return True
+            return getattr(f.f_locals.get("self"), "wrapper", None) or _UNKNOWN_WRAPPER
         f = f.f_back
-    return False
+    return None
+
+
+def under_wrapper(frame: FrameType | None = None) -> bool:
+    """Whether NVRx's inprocess.Wrapper is running the code of `frame` (default: the
+    caller's); see `running_wrapper`."""
+    return running_wrapper(sys._getframe(1) if frame is None else frame) is not None
+
+
+# NVRx 0.5+ chains these NVML checks into every Wrapper whose process has LOCAL_RANK
+# (`Wrapper._construct_restart_health_check`) and runs them before each in-process restart;
+# where NVML cannot start they fail, and the restart ends as a launcher restart.
+NVML_CHECKS = frozenset({"ChainedGPUHealthCheck", "ChainedNVLHealthCheck"})
+HEALTH_MODULE = "nvidia_resiliency_ext.inprocess.health_check"
+
+
+def nvml_missing() -> str | None:
+    """Why NVIDIA's management library cannot load in this process (no driver: a CPU
+    host), or None when it loads. The same library load pynvml does, nothing more."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+def in_process_blocker(wrapper: object) -> str | None:
+    """Why `wrapper` (from `running_wrapper`) cannot restart in process on this host, or
+    None. Today one reason: NVRx's own NVML health checks run before every restart and
+    NVML does not load here."""
+    check = getattr(wrapper, "restart_health_check", None)
+    instances = getattr(check, "instances", None) or ([check] if check is not None else [])
+    nvml = sorted(
+        type(c).__name__
+        for c in instances
+        if type(c).__name__ in NVML_CHECKS and type(c).__module__ == HEALTH_MODULE
+    )
+    if not nvml:
+        return None
+    missing = nvml_missing()
+    if missing is None:
+        return None
+    return (
+        f"NVRx's Wrapper runs {', '.join(nvml)} before every in-process restart and NVML "
+        f"does not load here ({missing}): each in-process restart would end the ranks"
+    )

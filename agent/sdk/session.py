@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import traceback
+from types import FrameType
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +34,7 @@ from trainguard.protocol.messages import (
 )
 from trainguard.sdk import hooks
 from trainguard.sdk.discovery import listening_candidate
-from trainguard.sdk.identity import WRAP_MODULE, parent_pid, under_wrapper
+from trainguard.sdk.identity import WRAP_MODULE, in_process_blocker, parent_pid, running_wrapper
 from trainguard.sdk.restart import RestartRequested, Restarts
 from trainguard.sdk.transport import Transport
 
@@ -124,15 +125,15 @@ class Session:
         self.job = job
         self.display_name = display_name or job
         self.launcher = launcher
-        self.in_process = bool(in_process) or (
-            in_process is None and under_wrapper(sys._getframe())
-        )
         self._detect_wrapper = in_process is None
+        self.local_rank = local_rank
+        self.in_process = bool(in_process) or (
+            in_process is None and self._wrapper_can_restart(sys._getframe())
+        )
         self.exit_code: int | None = None  # as sys.exit() or a SystemExit out of a step said
         self.uncaught: str | None = None  # the type of an exception nothing caught
         self._discover = discover
         self.rank = rank
-        self.local_rank = local_rank
         self.world_size = world_size
         self.attempt = attempt
         self.iteration = 0
@@ -339,7 +340,7 @@ class Session:
         if iteration != self.iteration:
             self._restarts.pending = False
         if self._detect_wrapper and not self.in_process:
-            self.in_process = under_wrapper(sys._getframe())
+            self.in_process = self._wrapper_can_restart(sys._getframe())
         self.iteration = iteration
         if rank is not None:
             self.rank = rank
@@ -387,10 +388,31 @@ class Session:
                 next_beat = _next_tick(next_beat, self.heartbeat_interval, now)
         self._flush_steps()
 
+    def _wrapper_can_restart(self, frame: FrameType) -> bool:
+        """Whether NVRx's Wrapper runs the code of `frame` and can restart it in process
+        here. A Wrapper that cannot (`in_process_blocker`: NVRx 0.5+'s NVML checks on a
+        host without NVML) is said once on stderr (local rank 0), the rank declares
+        `in_process` false, and detection stops: the engine then never picks that level."""
+        wrapper = running_wrapper(frame)
+        if wrapper is None:
+            return False
+        blocker = in_process_blocker(wrapper)
+        if blocker is None:
+            return True
+        self._detect_wrapper = False
+        if self.local_rank == 0:
+            print(
+                f"trainguard: in-process restarts are off for this job: {blocker}; "
+                "faults are restarted by the launcher instead",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
+
     def _heartbeat(self) -> None:
         if self._detect_wrapper and not self.in_process and WRAP_MODULE in sys.modules:
             frame = sys._current_frames().get(self._owner_ident)
-            self.in_process = frame is not None and under_wrapper(frame)
+            self.in_process = frame is not None and self._wrapper_can_restart(frame)
             del frame
         if not self._send(self._identity(Heartbeat)) and self._discover:
             # no agent yet, or it went away: an agent may listen in another well-known place

@@ -277,6 +277,7 @@ class Stack:
                     *self.script_args(),
                 ]
             else:
+                extra.update(demojob.simulation_env(self.cell.nodes))
                 cmd = demojob.launcher_command(
                     self.cell.nodes,
                     PER_NODE,
