@@ -11,9 +11,9 @@ import sys
 import threading
 import time
 import traceback
-from types import FrameType
 from collections import deque
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from trainguard.protocol.messages import (
