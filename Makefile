@@ -8,7 +8,17 @@ PORT ?= 8000
 # extra so nothing asks the index for a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test test-fast lint chromium clean
+# A second environment with the NVRx line current GPU machines install (0.6/0.7 need glibc
+# 2.39, which pip here does not have): the 0.7.0 wheel's files, from PyPI, in a venv of
+# this Python (.ci/nvrx_env.py says how). `make test` runs the restart tests in it too.
+NVRX_NEW ?= 0.7.0
+VENV_NEW := .venv-nvrx07
+# The tests that start real launchers and Wrappers: NVRx's restarts, the ft_launcher cell
+# of the matrix that CI runs, the README's script, and the demo.
+NVRX_TESTS ?= tests/restarts/test_nvrx_restarts.py tests/restarts/test_launcher_matrix.py \
+	tests/restarts/test_capabilities.py tests/restarts/test_launcher_flags.py tests/test_demo.py
+
+.PHONY: venv venv-nvrx07 demo test test-fast test-nvrx07 lint chromium clean
 
 $(BIN)/trainguard: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +28,14 @@ $(BIN)/trainguard: pyproject.toml
 	touch $@
 
 venv: $(BIN)/trainguard
+
+$(VENV_NEW)/bin/trainguard: pyproject.toml .ci/nvrx_env.py
+	$(PY) -m venv $(VENV_NEW)
+	$(VENV_NEW)/bin/pip install -q --upgrade pip installer packaging
+	$(VENV_NEW)/bin/python .ci/nvrx_env.py $(NVRX_NEW) --torch "$(TORCH_SPEC)"
+	touch $@
+
+venv-nvrx07: $(VENV_NEW)/bin/trainguard
 
 # Debian's chromium for the browser tests (Playwright cannot download its own here).
 chromium:
@@ -30,6 +48,11 @@ demo: venv
 # out the installed trainguard namespace for mypy), then every test, slow ones included.
 test: venv chromium lint
 	$(BIN)/python -m pytest
+	$(MAKE) test-nvrx07
+
+# The restart tests again, on NVRx $(NVRX_NEW) (the same tests; docs/restarts.md, "NVRx versions").
+test-nvrx07: venv-nvrx07
+	$(VENV_NEW)/bin/python -m pytest $(NVRX_TESTS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow"
@@ -40,4 +63,4 @@ lint: venv
 	$(BIN)/python .ci/typecheck
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VENV_NEW) .pytest_cache

@@ -12,6 +12,7 @@ User mistakes print one line and exit non-zero, never a traceback.
 from __future__ import annotations
 
 import importlib.util
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -33,6 +34,13 @@ DbUrlOpt = Annotated[
 DataDirOpt = Annotated[
     Path | None, typer.Option(envvar="TRAINGUARD_DATA_DIR", help="SQLite and state folder")
 ]
+
+
+class DemoLauncher(StrEnum):
+    """The launchers the demo job can run under."""
+
+    ft_launcher = "ft_launcher"
+    torchrun = "torchrun"
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -160,13 +168,25 @@ def demo(
     nodes: Annotated[int, typer.Option(min=1, max=64, help="simulated nodes")] = 2,
     gpus: Annotated[int, typer.Option(min=1, max=16, help="simulated GPUs per node")] = 2,
     job: Annotated[bool, typer.Option(help="run the demo training job with seeded faults")] = True,
+    launcher: Annotated[
+        DemoLauncher | None,
+        typer.Option(help="the job's launcher (default: ft_launcher with NVRx, else torchrun)"),
+    ] = None,
 ) -> None:
     """Backend (SQLite) + simulated agents + a small training job; dashboard on localhost."""
     need_server_extra("demo")
     from trainguard.backend.demo import run_demo
 
     raise typer.Exit(
-        run_demo(host=host, port=port, data_dir=data_dir, nodes=nodes, gpus=gpus, with_job=job)
+        run_demo(
+            host=host,
+            port=port,
+            data_dir=data_dir,
+            nodes=nodes,
+            gpus=gpus,
+            with_job=job,
+            launcher=launcher.value if launcher else None,
+        )
     )
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -25,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.error import URLError
-from urllib.request import urlopen
+from urllib.error import HTTPError, URLError
+from urllib.request import Request, urlopen
 
 from trainguard.backend import demojob
 
@@ -47,6 +49,70 @@ MAX_RESTARTS = 2 * FAULTS
 # Seconds each stage of a shutdown may take before SIGKILL: the job and the agents (an
 # agent takes about 2 s to stop), then the server; 6 s in all, inside the 10 s promised.
 STOP_GRACE_S = {"job and agents": 4.0, "server": 2.0}
+
+
+# A run that ended without one step reaching the backend did not start. From the
+# FAILED_STARTS_SAID-th such run in a row on, the demo says why (the launchers' last error
+# line) and waits before the next run, twice as long each time, up to BACKOFF_MAX_S.
+FAILED_STARTS_SAID = 3
+BACKOFF_FIRST_S = 10.0
+BACKOFF_MAX_S = 120.0
+_ERROR_WORDS = re.compile(r"error|exception|closing|failed|refused", re.IGNORECASE)
+
+
+def last_error_line(workdir: Path) -> str:
+    """The last line of the run's launcher logs that reads like an error (else its last
+    line): what the launcher said when it gave up, e.g. NVRx 0.7's closed rendezvous."""
+    last, error = "", ""
+    for log in sorted(workdir.glob("launcher-*.log")):
+        for raw in log.read_text(errors="replace").splitlines():
+            line = raw.strip()
+            if not line:
+                continue
+            last = line
+            if _ERROR_WORDS.search(line) and not line.startswith(("File ", "Traceback")):
+                error = line
+    return (error or last or "the launchers printed nothing")[-400:]
+
+
+class StartWatch:
+    """Counts the demo's runs that never trained, and says so (see FAILED_STARTS_SAID)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+        self.failed = 0  # runs in a row that ended without a step
+
+    def ended(self, job: str, workdir: Path) -> float:
+        """Run `job` ended: the seconds to wait before the next run."""
+        if self.trained(job):
+            self.failed = 0
+            return 0.0
+        self.failed += 1
+        if self.failed < FAILED_STARTS_SAID:
+            return 0.0
+        delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (self.failed - FAILED_STARTS_SAID))
+        print(
+            f"trainguard demo: the job does not start ({self.failed} runs in a row ended "
+            f"without a step); the launcher said: {last_error_line(workdir)}; next run in "
+            f"{delay:.0f} s (logs in {workdir})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return delay
+
+    def trained(self, job: str) -> bool:
+        """Whether any step of `job` reached the backend. Unknown (the server did not
+        answer) counts as trained: the demo does not hold back on its own trouble."""
+        req = Request(
+            f"{self.url}/api/v1/jobs/{job}", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        try:
+            with urlopen(req, timeout=5) as resp:
+                return json.load(resp).get("last_step") is not None
+        except HTTPError as exc:
+            return exc.code != 404
+        except (URLError, OSError, ValueError):
+            return True
 
 
 def _cli(*args: str) -> list[str]:
@@ -119,7 +185,25 @@ window_s = 120
 GLOO_TIMEOUT_S = 15
 
 
-def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_job: bool) -> int:
+def run_demo(
+    host: str,
+    port: int,
+    data_dir: Path,
+    nodes: int,
+    gpus: int,
+    with_job: bool,
+    launcher: str | None = None,
+) -> int:
+    """Run everything until a stop signal; `launcher` None picks the job's launcher by
+    what is installed (`job_launcher`)."""
+    if with_job and launcher is not None:
+        chosen, why = job_launcher()
+        if launcher == "ft_launcher" and chosen != "ft_launcher":
+            print(f"trainguard demo: --launcher ft_launcher: {why}", file=sys.stderr)
+            return 2
+        if launcher == "torchrun" and chosen is None:
+            print(f"trainguard demo: --launcher torchrun: {why}", file=sys.stderr)
+            return 2
     data_dir = data_dir.resolve()
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
@@ -156,9 +240,10 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
             print(f"trainguard demo: {exc}; see {data_dir / 'server.log'}", file=sys.stderr)
             return 1
         sockets = []
-        # Without the train extra there is no job, and no Wrapper store for agent 0 to host.
-        missing = _train_missing() if with_job else None
-        store_port = _store_port() if with_job and missing is None else None
+        # Without torch there is no job, and no store for agent 0 to host; without NVRx the
+        # job runs under torchrun.
+        launcher, why = _choose(with_job, launcher)
+        store_port = _store_port() if launcher is not None else None
         for i in range(nodes):
             name = f"demo-node-{i}"
             sock = data_dir / f"{name}.sock"
@@ -193,7 +278,7 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
                         start_new_session=True,
                     )
                 )
-        job_note = _start_job(with_job, missing, data_dir, store_port, sockets, env, job)
+        job_note = _start_job(with_job, launcher, why, data_dir, store_port, sockets, env, job)
         print(
             f"\ntrainguard demo running\n"
             f"  dashboard: {url}/   (token: {token})\n"
@@ -205,15 +290,24 @@ def run_demo(host: str, port: int, data_dir: Path, nodes: int, gpus: int, with_j
             flush=True,
         )
         run, current = 1, list(job)
+        starts = StartWatch(url, token)
+        next_run: float | None = None  # when the next run starts, once the current one ended
         next_reap = time.monotonic()
         while all(p.poll() is None for p in core):
             if current and all(p.poll() is not None for p in current):
                 # The job finished (or gave up): start the next run, new seed, so the
-                # dashboard keeps showing a live job until Ctrl-C.
-                run += 1
-                current = _launch_job(data_dir, store_port, sockets, env, run)
-                job.extend(current)
-                print(f"trainguard demo: training run {run} started", flush=True)
+                # dashboard keeps showing a live job until Ctrl-C; after runs that never
+                # trained, say why and wait before the next (StartWatch).
+                if next_run is None:
+                    next_run = time.monotonic() + starts.ended(
+                        f"demo-{run}", data_dir / f"job-{run}"
+                    )
+                if time.monotonic() >= next_run:
+                    run += 1
+                    current = _launch_job(data_dir, store_port, sockets, env, run, launcher)
+                    job.extend(current)
+                    next_run = None
+                    print(f"trainguard demo: training run {run} started", flush=True)
             if time.monotonic() >= next_reap:  # the monitors of ended ranks, adopted
                 demojob.reap_adopted({p.pid for p in [*core, *job]})
                 next_reap += 5.0
@@ -237,19 +331,45 @@ def _store_port() -> int | None:
     return demojob.free_port()
 
 
-def _train_missing() -> str | None:
-    """Why the demo job cannot run here (the train extra is not installed), or None.
-    Looked up, not imported: importing torch here would cost the demo seconds and print
-    its import-time warnings; the job's own processes import it."""
-    for module in ("torch", "nvidia_resiliency_ext"):
-        if importlib.util.find_spec(module) is None:
-            return f"No module named {module!r}"
-    return None
+def job_launcher(python: tuple[int, int] = sys.version_info[:2]) -> tuple[str | None, str]:
+    """The launcher the demo job runs under here, and why when it is not ft_launcher:
+    ("ft_launcher", "") with NVRx; ("torchrun", why) without it (there is no NVRx wheel
+    for Python 3.13: no ft_launcher and no Wrapper); (None, why) without torch. Looked
+    up, not imported: importing torch here would cost the demo seconds and print its
+    import-time warnings; the job's own processes import it."""
+    if importlib.util.find_spec("torch") is None:
+        return (
+            None,
+            "No module named 'torch'; install the train extra: pip install 'trainguard[train]'",
+        )
+    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+        cause = (
+            f"NVRx has no wheel for Python {python[0]}.{python[1]}"
+            if python >= (3, 13)
+            else "NVRx (nvidia-resiliency-ext) is not installed"
+        )
+        return "torchrun", (
+            f"{cause}: no ft_launcher and no in-process Wrapper, so the job runs under "
+            "torchrun, with launcher restarts from the warm pool and no in_process level"
+        )
+    return "ft_launcher", ""
+
+
+def _choose(with_job: bool, asked: str | None) -> tuple[str | None, str]:
+    if not with_job:
+        return None, ""
+    if asked == "torchrun":
+        return "torchrun", (
+            "torchrun asked for (--launcher torchrun): no in-process Wrapper, so launcher "
+            "restarts from the warm pool and no in_process level"
+        )
+    return job_launcher()
 
 
 def _start_job(
     with_job: bool,
-    missing: str | None,
+    launcher: str | None,
+    why: str,
     data_dir: Path,
     store_port: int | None,
     sockets: list[str],
@@ -258,22 +378,35 @@ def _start_job(
 ) -> str:
     if not with_job:
         return "none (--no-job)"
-    if missing is not None:
-        return f"not started ({missing}); install the train extra: pip install 'trainguard[train]'"
-    started = _launch_job(data_dir, store_port, sockets, env, 1)
+    if launcher is None:
+        return f"not started ({why})"
+    started = _launch_job(data_dir, store_port, sockets, env, 1, launcher)
     procs.extend(started)
+    n = len(started)
+    how = (
+        f"{n} ft_launchers x {RANKS_PER_NODE} ranks under NVRx's Wrapper (from warm pools);\n"
+        f"             the {n} launchers imitate {n} nodes on this one host, so they run "
+        f"with {demojob.SIMULATED_NODES_ENV}=1,\n"
+        "             NVRx's switch for simulations (trainguard never sets it on a real node)"
+        if launcher == "ft_launcher"
+        else f"{n} torchruns x {RANKS_PER_NODE} ranks (from warm pools);\n             {why}"
+    )
     return (
-        f"'demo-1', {len(started)} ft_launchers x {RANKS_PER_NODE} ranks (from warm pools), "
-        f"steps of {STEP_SLEEP_S:g} s, "
-        f"{FAULTS} seeded faults (seed 42) from step {FAULT_AFTER_STEP} on, a new run when "
-        f"one ends (logs in {data_dir / 'job-1'})"
+        f"'demo-1', {how};\n"
+        f"             steps of {STEP_SLEEP_S:g} s, {FAULTS} seeded faults (seed 42) from step "
+        f"{FAULT_AFTER_STEP} on, a new run when one ends (logs in {data_dir / 'job-1'})"
     )
 
 
 def _launch_job(
-    data_dir: Path, store_port: int | None, sockets: list[str], env: dict[str, str], run: int
+    data_dir: Path,
+    store_port: int | None,
+    sockets: list[str],
+    env: dict[str, str],
+    run: int,
+    launcher: str | None,
 ) -> list[subprocess.Popen[bytes]]:
-    assert store_port is not None
+    assert store_port is not None and launcher is not None
     return demojob.launch(
         data_dir / f"job-{run}",
         sockets,
@@ -290,6 +423,7 @@ def _launch_job(
         nproc_per_node=RANKS_PER_NODE,
         extra_args=["--gloo-timeout", str(GLOO_TIMEOUT_S)],
         shim=True,
+        launcher=launcher,
     )
 
 

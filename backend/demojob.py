@@ -168,6 +168,39 @@ def launcher_command(
     ]
 
 
+def torchrun_command(
+    nnodes: int,
+    nproc_per_node: int,
+    rdzv_port: int,
+    job: str,
+    max_restarts: int,
+    train_args: list[str],
+    *,
+    script: str | os.PathLike[str] = TRAIN_SCRIPT,
+    shim: bool = False,
+) -> list[str]:
+    """The README's torchrun line (c10d rendezvous; run it with `TORCHRUN_ENV`), for a
+    job without NVRx: launcher restarts only, the Wrapper left out (`--no-wrapper`)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *("--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)),
+        *("--max-restarts", str(max_restarts), "--rdzv-backend", "c10d"),
+        *("--rdzv-endpoint", f"127.0.0.1:{rdzv_port}", "--rdzv-id", job),
+        *("--monitor-interval", "0.5"),
+        *(worker_shim() if shim else []),
+        str(script),
+        *train_args,
+        "--no-wrapper",
+    ]
+
+
+# torchrun restarts on the previous generation's store unless this is set (docs/restarts.md,
+# "Plain torchrun restarts").
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def worker_shim() -> list[str]:
     """The launcher arguments that start each worker through the shim."""
     exe = Path(sys.executable).with_name("trainguard-worker")
@@ -198,9 +231,13 @@ def launch(
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     shim: bool = False,
+    launcher: str = "ft_launcher",
 ) -> list[subprocess.Popen[bytes]]:
-    """One ft_launcher per agent socket (= per imitated node); returns the launchers.
-    Their output goes to <workdir>/launcher-<i>.log."""
+    """One launcher per agent socket (= per imitated node); returns the launchers.
+    `launcher` "ft_launcher" (the Wrapper inside) or "torchrun" (no NVRx: launcher
+    restarts only). Their output goes to <workdir>/launcher-<i>.log."""
+    if launcher not in ("ft_launcher", "torchrun"):
+        raise ValueError(f"launcher must be ft_launcher or torchrun, not {launcher!r}")
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     rdzv_port = rdzv_port or free_port()
@@ -239,7 +276,10 @@ def launch(
     procs = []
     for i, sock in enumerate(agent_sockets):
         child_env = dict(os.environ)
-        child_env.update(simulation_env(len(agent_sockets)))
+        if launcher == "ft_launcher":
+            child_env.update(simulation_env(len(agent_sockets)))
+        else:
+            child_env.update(TORCHRUN_ENV)
         child_env.update(env or {})
         child_env.update(
             TRAINGUARD_AGENT_SOCKET=sock,
@@ -248,7 +288,8 @@ def launch(
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")])),
             PYTHONUNBUFFERED="1",
         )
-        cmd = launcher_command(
+        command = launcher_command if launcher == "ft_launcher" else torchrun_command
+        cmd = command(
             len(agent_sockets), nproc_per_node, rdzv_port, job, max_restarts, train_args, shim=shim
         )
         log = open(work / f"launcher-{i}.log", "ab")  # noqa: SIM115 - owned by the child

@@ -39,10 +39,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from nvidia_resiliency_ext import inprocess
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainguard import sdk
+
+try:
+    from nvidia_resiliency_ext import inprocess
+except ImportError:  # no NVRx (no wheel for Python 3.13): only --no-wrapper runs
+    inprocess = None
 from trainguard.agent import faults, storehost
 
 td = datetime.timedelta
@@ -111,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class ReleaseGloo(inprocess.finalize.Finalize):
+class ReleaseGloo(inprocess.finalize.Finalize if inprocess is not None else object):
     """Finalize that makes a restart fast on gloo: drop every reference to the gloo
     contexts so their sockets close and blocked peers are released."""
 
@@ -268,7 +272,7 @@ def batch(step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x[:, :4].sum(dim=1, keepdim=True)
 
 
-def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = None):
+def train(args, tg, injector, mem, call_wrapper: Any = None):
     iteration = call_wrapper.iteration if call_wrapper is not None else 0
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     tg.restart_iteration(iteration, rank=rank, world_size=world)
@@ -367,7 +371,7 @@ def train(args, tg, injector, mem, call_wrapper: inprocess.CallWrapper | None = 
     return step
 
 
-def keep_own_health_checks_without_nvml(wrapper: inprocess.Wrapper) -> None:
+def keep_own_health_checks_without_nvml(wrapper: Any) -> None:
     """NVRx 0.5+ chains NVML checks of this rank's GPU into every Wrapper (when LOCAL_RANK
     is set) and runs them before each in-process restart. This job trains on CPU beside
     simulated GPUs: where NVML does not load, those checks fail and every in-process
@@ -384,22 +388,9 @@ def keep_own_health_checks_without_nvml(wrapper: inprocess.Wrapper) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    torch.set_num_threads(1)
-    _gather_objects_without_numpy()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    # Declared, not only detected (the SDK finds the Wrapper on the stack once the wrapped
-    # function runs): the engine chooses in_process only for ranks that declare it.
-    tg = sdk.attach(job=args.job, in_process=not args.no_wrapper)
-    plan = faults.plan_from_args(args, args.steps, world) if args.faults else []
-    injector = faults.Injector(
-        plan,
-        Path(args.workdir) / "faults",
-        session=tg,
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-    )
-    mem: dict = {}
+def run_wrapped(args, tg, mem: dict, world: int, body) -> Any:
+    """Run `body(call_wrapper)` under NVRx's in-process Wrapper, configured as measured
+    (docs/restarts.md, "The demo job")."""
     logdir = Path(args.workdir).resolve() / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     wrapper = inprocess.Wrapper(
@@ -424,9 +415,41 @@ def main(argv: list[str] | None = None) -> int:
     )
     keep_own_health_checks_without_nvml(wrapper)
 
-    def reported(*a, **kw):
+    # The Wrapper passes its CallWrapper to an argument annotated with the class (a real
+    # annotation, not a string: this module does not use `from __future__ import annotations`).
+    def fn(call_wrapper: inprocess.CallWrapper | None = None):
+        return body(call_wrapper)
+
+    return wrapper(fn)()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if inprocess is None and not args.no_wrapper:
+        print(
+            "train_demo: NVRx (nvidia-resiliency-ext) is not installed, so its Wrapper is "
+            "not there: run with --no-wrapper (under torchrun), or install the train extra",
+            file=sys.stderr,
+        )
+        return 2
+    torch.set_num_threads(1)
+    _gather_objects_without_numpy()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    # Declared, not only detected (the SDK finds the Wrapper on the stack once the wrapped
+    # function runs): the engine chooses in_process only for ranks that declare it.
+    tg = sdk.attach(job=args.job, in_process=not args.no_wrapper)
+    plan = faults.plan_from_args(args, args.steps, world) if args.faults else []
+    injector = faults.Injector(
+        plan,
+        Path(args.workdir) / "faults",
+        session=tg,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+    )
+    mem: dict = {}
+
+    def reported(call_wrapper: Any = None):
         try:
-            return train(*a, **kw)
+            return train(args, tg, injector, mem, call_wrapper=call_wrapper)
         except Exception as exc:
             tg.report_exception(exc)
             raise
@@ -434,12 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             tg.report_interrupted(type(exc).__name__)
             raise
 
-    # The Wrapper passes its CallWrapper to an argument annotated with the class (a real
-    # annotation, not a string: this module does not use `from __future__ import annotations`).
-    def fn(call_wrapper: inprocess.CallWrapper | None = None):
-        return reported(args, tg, injector, mem, call_wrapper=call_wrapper)
-
-    final = fn() if args.no_wrapper else wrapper(fn)()
+    final = reported() if args.no_wrapper else run_wrapped(args, tg, mem, world, reported)
     print(f"[demo] rank {tg.rank} done at step {final}", flush=True)
     tg.close()
     return 0

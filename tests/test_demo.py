@@ -18,7 +18,10 @@ from tests.support import free_port, wait_for
 pytestmark = pytest.mark.slow
 
 
-def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["default", "torchrun"])
+def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path, launcher: str) -> None:
+    """The default is ft_launcher with NVRx's Wrapper (NVRx's simulation switch said in the
+    banner); `--launcher torchrun` is what a machine without NVRx (Python 3.13) runs."""
     port = free_port()
     log = tmp_path / "demo.out"
     with log.open("wb") as out:
@@ -32,6 +35,7 @@ def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path) -> No
                 str(port),
                 "--data-dir",
                 str(tmp_path / "demo"),
+                *(["--launcher", launcher] if launcher != "default" else []),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -44,7 +48,12 @@ def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path) -> No
             headers={"Authorization": f"Bearer {token}"},
             timeout=5,
         )
-        nodes = wait_for(lambda: [n for n in api.get("/nodes").json() if n["gpu_count"] == 2], 60)
+
+        def nodes_with_gpus() -> list[dict]:
+            nodes = [n for n in api.get("/nodes").json() if n["gpu_count"] == 2]
+            return nodes if len(nodes) == 2 else []
+
+        nodes = wait_for(nodes_with_gpus, 60)  # both agents' first batches
         assert {n["name"] for n in nodes} == {"demo-node-0", "demo-node-1"}
         assert all(n["simulated"] for n in nodes)
         # The real torch.distributed job reports steps from all 4 ranks.
@@ -52,8 +61,15 @@ def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path) -> No
             lambda: [j for j in api.get("/jobs").json() if (j["last_step"] or 0) >= 20], 180
         )[0]
         assert job["name"] == "demo-1" and job["world_size"] == 4
-        ranks = {r["rank"] for r in api.get(f"/jobs/{job['name']}").json()["ranks"]}
-        assert ranks == {0, 1, 2, 3}
+        ranks = api.get(f"/jobs/{job['name']}").json()["ranks"]
+        assert {r["rank"] for r in ranks} == {0, 1, 2, 3}
+        banner = log.read_text()
+        if launcher == "torchrun":
+            assert "2 torchruns x 2 ranks" in banner
+            assert {(r["launcher"], r["in_process"]) for r in ranks} == {("torchrun", False)}
+        else:
+            assert "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE=1" in banner
+            assert {(r["launcher"], r["in_process"]) for r in ranks} == {("ft_launcher", True)}
         assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200  # the dashboard
     finally:
         proc.send_signal(signal.SIGINT)
