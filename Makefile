@@ -13,9 +13,10 @@ TORCH_SPEC ?= torch==2.13.0
 # this Python (.ci/nvrx_env.py says how). `make test` runs the restart tests in it too.
 NVRX_NEW ?= 0.7.0
 VENV_NEW := .venv-nvrx07
-# The tests that start real launchers and Wrappers: NVRx's restarts, the ft_launcher cell
-# of the matrix that CI runs, the README's script, and the demo.
-NVRX_TESTS ?= tests/restarts/test_nvrx_restarts.py tests/restarts/test_launcher_matrix.py \
+# The tests that start real launchers and Wrappers: NVRx's restarts, 0.7's differences, the
+# matrix's ft_launcher cells that CI runs, the README's script, capabilities, the demo.
+NVRX_TESTS ?= tests/restarts/test_nvrx_restarts.py tests/restarts/test_nvrx_versions.py \
+	tests/restarts/test_launcher_matrix.py \
 	tests/restarts/test_capabilities.py tests/restarts/test_launcher_flags.py tests/test_demo.py
 
 .PHONY: venv venv-nvrx07 demo test test-fast test-nvrx07 lint chromium clean

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -15,7 +17,7 @@ from tests.support import free_port, wait_for
 from trainguard import sdk
 from trainguard.protocol.wire import Batch, decode_batch, encode
 
-from .conftest import HERE
+from .conftest import HERE, ROOT
 
 RANK = str(HERE / "rank_script.py")
 
@@ -144,3 +146,70 @@ def test_a_session_declares_what_attach_was_told(tmp_path: Any) -> None:
         tg.close()
     with pytest.raises(ValueError, match="launcher must be one of"):
         sdk.attach(job="j1", socket_path=str(tmp_path / "a.sock"), launcher="mpirun")
+
+
+# The same Wrapper in a process with LOCAL_RANK, as every launcher's worker has it: NVRx
+# 0.5+ then chains its NVML health checks into the Wrapper (docs/restarts.md, "NVRx
+# versions"), and on a host without NVML each in-process restart would end the ranks.
+WRAPPER_WITH_LOCAL_RANK = (
+    UNDER_WRAPPER.split("def fn(")[0]
+    + """
+import json
+
+def fn(call_wrapper: inprocess.CallWrapper | None = None):
+    blocker = sdk.in_process_blocker(sdk.running_wrapper())
+    for n in range(30):  # 0.3 s of steps: three heartbeats, each of which detects
+        with tg.step(n):
+            time.sleep(0.01)
+    print(json.dumps({"blocker": blocker, "in_process": tg.in_process}), flush=True)
+
+s = td(seconds=1)
+"""
+    + UNDER_WRAPPER.split("s = td(seconds=1)\n")[1].split("found = ")[0]
+    + """
+wrapper(fn)()
+tg.finished()
+"""
+)
+
+
+def nvrx_chains_nvml_checks() -> bool:
+    """The installed NVRx's Wrapper adds NVML checks when LOCAL_RANK is set (0.5+)."""
+    from nvidia_resiliency_ext.inprocess import wrap
+
+    return hasattr(wrap.Wrapper, "_construct_restart_health_check")
+
+
+@pytest.mark.slow
+def test_a_wrapper_whose_nvml_checks_cannot_run_here_is_no_in_process_capability(
+    make_node: Any, tmp_path: Any
+) -> None:
+    node = make_node()
+    env = dict(
+        os.environ,
+        TRAINGUARD_AGENT_SOCKET=str(node.local.socket_path),
+        TRAINGUARD_JOB="job1",
+        PYTHONPATH=str(ROOT),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        STORE_PORT=str(free_port()),
+        LOGDIR=str(tmp_path),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", WRAPPER_WITH_LOCAL_RANK],
+        env=env, capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    said = [line for line in out.stderr.splitlines() if "in-process restarts are off" in line]
+    if nvrx_chains_nvml_checks() and sdk.nvml_missing() is not None:  # NVRx 0.5+ on CPU
+        assert "ChainedGPUHealthCheck" in seen["blocker"]
+        assert "NVML does not load here" in seen["blocker"]
+        assert seen["in_process"] is False
+        assert len(said) == 1, out.stderr[-3000:]  # said once, not at every heartbeat
+    else:  # NVRx 0.4.1, or a GPU host
+        assert seen == {"blocker": None, "in_process": True}
+        assert said == []
