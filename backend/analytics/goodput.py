@@ -16,7 +16,8 @@ and time no interval covers is `other`. The intervals:
   are <= median + 3 MAD (ml-goodput-measurement).
 - wasted_progress: every execution of a step number that is executed again later (a
   rollback), i.e. all but the last execution.
-- recovery: every incident, fault_at -> resumed_at (without resumed_at: to the end of the
+- recovery: every incident, fault_at -> the start of the step that resumed training (the
+  step that ends at resumed_at is productive work; without resumed_at: to the end of the
   first cohort step that ends after the fault, else to `until`); and every gap between
   generations (last step end of one -> first step start of the next).
 - checkpoint_save / checkpoint_restore: the blocking part reported by the SDK,
@@ -121,6 +122,21 @@ def merge(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def resumption_start(starts: Sequence[float], fault: float, resumed: float) -> float:
+    """Where an incident's recovery ends: the start of the step that resumed training.
+
+    `resumed_at` is recorded at the *end* of the first step after the restart (the engine
+    and the agents see a completed step), but that step is productive work
+    (docs/goodput.md), so recovery ends where it starts: the earliest cohort step start
+    (`starts`, sorted) at or after the fault and before `resumed`. The cohort's start is
+    its earliest rank's, whichever rank's end `resumed_at` is. No such step in the data:
+    `resumed` itself."""
+    j = bisect.bisect_left(starts, fault)
+    if j < len(starts) and starts[j] < resumed:
+        return starts[j]
+    return resumed
+
+
 def account(
     steps: Sequence[CohortStep],
     *,
@@ -172,11 +188,14 @@ def account(
             if s.end > g[1]:
                 g[1] = s.end
     ends = [s.end for s in order]
+    starts = sorted(s.start for s in order)
     incident_spans = []
     for fault, resumed in incidents:
         if resumed is None:
             j = bisect.bisect_right(ends, fault)
             resumed = ends[j] if j < len(ends) else until
+        else:
+            resumed = resumption_start(starts, fault, resumed)
         incident_spans.append((fault, max(fault, resumed)))
     incident_spans = merge(incident_spans)
     disruptions = []

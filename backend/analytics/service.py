@@ -57,14 +57,11 @@ def accounting(
     span = WINDOWS[window]
     since = start if span is None else max(start, u - span)
     ckpt = repo.checkpoint_events(session, job.name, since, u)
-    incidents = []
-    for i in repo.incidents(session, job.id, since, u):
-        fault = i.fault_at if i.fault_at is not None else i.created_at
-        end = i.resumed_at
-        if end is not None:
-            began = repo.resumption_start(session, job.id, fault, end)
-            end = began if began is not None else end
-        incidents.append((fault, end))
+    # (fault, resumed_at): account() ends the recovery where the resuming step starts.
+    incidents = [
+        (i.fault_at if i.fault_at is not None else i.created_at, i.resumed_at)
+        for i in repo.incidents(session, job.id, since, u)
+    ]
     return account(
         repo.cohort_steps(session, job.id, since, u),
         job_start=start,
