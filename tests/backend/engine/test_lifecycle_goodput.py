@@ -1,8 +1,9 @@
 """Goodput stops with the job (issue #33 item 4): after a job's end (finished), its stop
 (stop_job) or while it waits for capacity, reading its goodput later gives the same
 figure; only a running job's clock runs on. Hand-checked cases through the ingest, the
-engine and GET /api/v1/jobs/{job}/goodput; the test clock is the backend's (`time` in
-analytics.service, as in the ingest), so "later" needs no sleep.
+engine and GET /api/v1/jobs/{job}/goodput; the engine tests' clock is the backend's
+(`time` in analytics.service too, tests/backend/engine/conftest.py), so "later" needs no
+sleep.
 
 Each job: 2 ranks on n1, registered at t0, ten 1 s steps t0 .. t0+10 (productive 10 s).
 """
@@ -13,22 +14,11 @@ from typing import Any
 
 import pytest
 
-from tests.backend.engine.conftest import Cluster, _ClockTime
-from trainguard.backend.analytics import service as analytics_service
+from tests.backend.engine.conftest import Cluster
 from trainguard.protocol import wire
 
 TOL = 1e-6
 RANKS = (0, 1)
-
-
-@pytest.fixture
-def cluster(make_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    def make(policy: str = "") -> Cluster:
-        c: Cluster = make_cluster(policy)
-        monkeypatch.setattr(analytics_service, "time", _ClockTime(c.clock))
-        return c
-
-    return make
 
 
 def _ranks(job: str, alive: bool = True) -> list[wire.RankStatus]:
@@ -74,8 +64,8 @@ def _state(c: Cluster, job: str) -> dict[str, Any]:
     return body
 
 
-def test_a_running_jobs_goodput_is_accounted_up_to_now(cluster: Any) -> None:
-    c = cluster()
+def test_a_running_jobs_goodput_is_accounted_up_to_now(make_cluster: Any) -> None:
+    c: Cluster = make_cluster()
     t0 = _train(c, "job")
     c.decide()
     assert _state(c, "job")["state"] == "running"
@@ -92,8 +82,8 @@ def test_a_running_jobs_goodput_is_accounted_up_to_now(cluster: Any) -> None:
     assert second["goodput"] == pytest.approx(10 / 20, abs=TOL)
 
 
-def test_a_finished_jobs_goodput_stops_at_its_end(cluster: Any) -> None:
-    c = cluster()
+def test_a_finished_jobs_goodput_stops_at_its_end(make_cluster: Any) -> None:
+    c: Cluster = make_cluster()
     t0 = _train(c, "job")
     end = t0 + 10.5
     exits = [
@@ -123,8 +113,8 @@ cooldown_s = 0
 """
 
 
-def test_a_stopped_jobs_goodput_stops_at_the_stop(cluster: Any) -> None:
-    c = cluster(STOP_ON_EXCEPTION)
+def test_a_stopped_jobs_goodput_stops_at_the_stop(make_cluster: Any) -> None:
+    c: Cluster = make_cluster(STOP_ON_EXCEPTION)
     t0 = _train(c, "job")
     fault = t0 + 10.3
     c.clock.advance(0.5)  # the agent sends it at t0 + 10.5, the engine decides at t0 + 11
@@ -149,8 +139,8 @@ def test_a_stopped_jobs_goodput_stops_at_the_stop(cluster: Any) -> None:
     assert _goodput(c, "job") == first  # before: recovery to now, 10 / 21 and falling
 
 
-def test_a_waiting_jobs_goodput_does_not_move_while_it_waits(cluster: Any) -> None:
-    c = cluster()
+def test_a_waiting_jobs_goodput_does_not_move_while_it_waits(make_cluster: Any) -> None:
+    c: Cluster = make_cluster()
     t0 = _train(c, "job")
     fault = t0 + 10.2
     c.clock.advance(0.5)  # sent at t0 + 10.5
@@ -177,3 +167,42 @@ def test_a_waiting_jobs_goodput_does_not_move_while_it_waits(cluster: Any) -> No
     assert second["goodput"] == pytest.approx(first["goodput"], abs=1e-9)
     assert second["badput"]["recovery"] == pytest.approx(first["badput"]["recovery"], abs=1e-6)
     assert second["badput"]["waiting"] == pytest.approx(first["badput"]["waiting"] + 10, abs=1e-4)
+
+
+def test_a_waiting_job_that_trained_on_and_exited_stops_at_its_last_step(make_cluster: Any) -> None:
+    # The issue's other job: set waiting while its ranks trained on, then it completed
+    # cleanly; the time after its last step counted as recovery and goodput fell to 0.25.
+    c: Cluster = make_cluster()
+    t0 = _train(c, "job")
+    fault = t0 + 10.2
+    c.clock.advance(0.5)
+    c.event("n1", "xid", ts=fault, xid=79, gpu_uuid="GPU-n1-0")
+    for _ in range(3):
+        c.decide()
+        c.clock.advance(5)
+    assert _state(c, "job")["state"] == "waiting"
+    steps = [  # steps 10..19, t0+10 .. t0+20, then every rank exits 0
+        wire.StepReport(job="job", rank=r, step=n, start=t0 + n, end=t0 + n + 1)
+        for n in range(10, 20)
+        for r in RANKS
+    ]
+    exits = [
+        wire.Event(kind="rank_exit", ts=t0 + 20.5, job="job", rank=r, data={"exit_code": 0})
+        for r in RANKS
+    ]
+    c.post("n1", ranks=_ranks("job", alive=False), steps=steps, events=exits)
+    first = _goodput(c, "job")
+    # The job's time is t0 .. t0+20 (its last step); waiting from there. The XID's
+    # incident has no resumed_at: its recovery runs from the fault to the end of the
+    # first step that ends after it (t0+10.2 .. t0+11, taken from step 10).
+    # Step 10 keeps 0.2 s, so the ideal step is the mean of 19 x 1 s and 0.2 s = 0.96 s;
+    # each 1 s step gives 0.96 productive and 0.04 straggler:
+    # productive = 19 x 0.96 + 0.2 = 18.44, straggler 0.76; goodput = 18.44 / 20.
+    assert first["ideal_step_s"] == pytest.approx(0.96, abs=1e-5)
+    assert first["badput"]["recovery"] == pytest.approx(0.8, abs=1e-4)
+    assert first["badput"]["straggler"] == pytest.approx(0.76, abs=1e-4)
+    assert first["badput"]["waiting"] == pytest.approx(c.clock.t - (t0 + 20), abs=1e-4)
+    assert first["productive_s"] == pytest.approx(18.44, abs=1e-4)
+    assert first["goodput"] == pytest.approx(18.44 / 20, abs=1e-5)
+    _later(c, "job", 10, alive=False)
+    assert _goodput(c, "job")["goodput"] == pytest.approx(first["goodput"], abs=1e-9)
