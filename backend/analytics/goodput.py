@@ -4,7 +4,8 @@ The window [since, until] is cut into labelled pieces so that productive time pl
 badput buckets add up to the elapsed time exactly. Where labelled intervals overlap, the
 highest priority wins:
 
-    checkpoint_restore > checkpoint_save > recovery > wasted_progress > step > initialization
+    checkpoint_restore > checkpoint_save > waiting > recovery > wasted_progress > step
+    > initialization
 
 and time no interval covers is `other`. The intervals:
 
@@ -16,12 +17,17 @@ and time no interval covers is `other`. The intervals:
   are <= median + 3 MAD (ml-goodput-measurement).
 - wasted_progress: every execution of a step number that is executed again later (a
   rollback), i.e. all but the last execution.
-- recovery: every incident, fault_at -> resumed_at (without resumed_at: to the end of the
+- recovery: every incident, fault_at -> the start of the step that resumed training (the
+  step that ends at resumed_at is productive work; without resumed_at: to the end of the
   first cohort step that ends after the fault, else to `until`); and every gap between
   generations (last step end of one -> first step start of the next).
 - checkpoint_save / checkpoint_restore: the blocking part reported by the SDK,
   [ts - blocking_s, ts] of each *_end event, merged over ranks.
 - initialization: job start -> start of the job's first step.
+- waiting: a job that waits for capacity (every node it could run on is cordoned), from
+  when it began to wait (or its last step, if it trained on) to `until`. The job holds no
+  GPUs then, so this time is reported but left out of goodput:
+  goodput = productive / (elapsed - waiting), which stays put while the job waits.
 """
 
 from __future__ import annotations
@@ -37,16 +43,18 @@ BUCKETS = (
     "checkpoint_save",
     "checkpoint_restore",
     "recovery",
+    "waiting",
     "wasted_progress",
     "straggler",
     "other",
 )
 
 # Interval priorities, highest first (lower number wins).
-_RESTORE, _SAVE, _RECOVERY, _WASTED, _STEP, _INIT = range(6)
+_RESTORE, _SAVE, _WAITING, _RECOVERY, _WASTED, _STEP, _INIT = range(7)
 _PRIO_BUCKET = {
     _RESTORE: "checkpoint_restore",
     _SAVE: "checkpoint_save",
+    _WAITING: "waiting",
     _RECOVERY: "recovery",
     _WASTED: "wasted_progress",
     _INIT: "initialization",
@@ -88,7 +96,10 @@ class Accounting:
 
     @property
     def goodput(self) -> float | None:
-        return self.productive_s / self.elapsed_s if self.elapsed_s > 0 else None
+        """Productive share of the job's time: time waiting for capacity is not the job's
+        (it holds no GPUs), so a waiting job's goodput does not fall while it waits."""
+        job_time = self.elapsed_s - self.badput.get("waiting", 0.0)
+        return self.productive_s / job_time if job_time > 1e-9 else None
 
 
 def ideal_step_time(times: Sequence[float]) -> float | None:
@@ -121,6 +132,21 @@ def merge(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def resumption_start(starts: Sequence[float], fault: float, resumed: float) -> float:
+    """Where an incident's recovery ends: the start of the step that resumed training.
+
+    `resumed_at` is recorded at the *end* of the first step after the restart (the engine
+    and the agents see a completed step), but that step is productive work
+    (docs/goodput.md), so recovery ends where it starts: the earliest cohort step start
+    (`starts`, sorted) at or after the fault and before `resumed`. The cohort's start is
+    its earliest rank's, whichever rank's end `resumed_at` is. No such step in the data:
+    `resumed` itself."""
+    j = bisect.bisect_left(starts, fault)
+    if j < len(starts) and starts[j] < resumed:
+        return starts[j]
+    return resumed
+
+
 def account(
     steps: Sequence[CohortStep],
     *,
@@ -131,11 +157,13 @@ def account(
     saves: Sequence[tuple[float, float]] = (),
     restores: Sequence[tuple[float, float]] = (),
     incidents: Sequence[tuple[float, float | None]] = (),
+    waiting_since: float | None = None,
     points: int = 24,
 ) -> Accounting:
     """Account [since, until]. `steps` must hold every cohort step that ends in the window
     (earlier ones may be included: they give the first step its start); first_step_start
-    is the start of the job's very first step (None: no step yet)."""
+    is the start of the job's very first step (None: no step yet); waiting_since: the job
+    waits for capacity from then on (None: it does not)."""
     since = max(since, job_start)
     until = max(until, since)
     elapsed = until - since
@@ -172,11 +200,14 @@ def account(
             if s.end > g[1]:
                 g[1] = s.end
     ends = [s.end for s in order]
+    starts = sorted(s.start for s in order)
     incident_spans = []
     for fault, resumed in incidents:
         if resumed is None:
             j = bisect.bisect_right(ends, fault)
             resumed = ends[j] if j < len(ends) else until
+        else:
+            resumed = resumption_start(starts, fault, resumed)
         incident_spans.append((fault, max(fault, resumed)))
     incident_spans = merge(incident_spans)
     disruptions = []
@@ -189,6 +220,8 @@ def account(
     intervals += [(a, b, _RECOVERY, -1) for a, b in incident_spans]
     intervals += [(a, b, _SAVE, -1) for a, b in merge(saves)]
     intervals += [(a, b, _RESTORE, -1) for a, b in merge(restores)]
+    if waiting_since is not None:
+        intervals.append((waiting_since, until, _WAITING, -1))
     if first_step_start is not None and first_step_start > job_start:
         intervals.append((job_start, first_step_start, _INIT, -1))
     elif first_step_start is None:
@@ -216,12 +249,12 @@ def account(
     width = elapsed / points if points else 0.0
     series = []
     for b, row in enumerate(series_raw):
-        span = sum(row.values())
+        span = sum(row.values()) - row["waiting"]  # the bar's job time (see Accounting)
         series.append(
             {
                 "t": since + b * width,
                 "dt": width,
-                "goodput": row["productive"] / span if span > 0 else 0.0,
+                "goodput": row["productive"] / span if span > 1e-9 else 0.0,
                 "productive_s": row["productive"],
                 **{k: row[k] for k in BUCKETS},
             }
@@ -261,13 +294,13 @@ def _sweep(
             events.append((a, 1, prio, idx))
             events.append((b, -1, prio, idx))
     events.sort(key=itemgetter(0))
-    counts = [0] * 6
+    prio_range = range(_INIT + 1)
+    counts = [0] * len(prio_range)
     active: dict[int, int] = {}  # open step intervals: index -> priority (wasted or step)
     totals = dict.fromkeys(BUCKETS, 0.0)
     rows = [dict.fromkeys(("productive", *BUCKETS), 0.0) for _ in range(points)]
     step_cov: dict[int, float] = {}
     pieces: list[tuple[int, int, float]] = []
-    prio_range = range(6)
     bucket = 0
     e, n = 0, len(events)
     while e < n:

@@ -109,17 +109,6 @@ def incidents(
     return list(session.scalars(stmt.order_by(fault)))
 
 
-def resumption_start(session: Session, job_id: int, fault: float, resumed: float) -> float | None:
-    """When the step that resumed training after a fault began: the earliest start of a
-    step that started after the fault and ended by the resumption. Recovery downtime ends
-    there; that step is productive work."""
-    return session.scalar(
-        select(func.min(Step.start)).where(
-            Step.job_id == job_id, Step.start >= fault, Step.end <= resumed + 1e-6
-        )
-    )
-
-
 def placements(session: Session, job_id: int) -> list[Placement]:
     """Each rank's node and GPU (the GPU whose index is the rank's local rank)."""
     rows = session.execute(

@@ -83,6 +83,9 @@ class Badput(BaseModel):
     checkpoint_save: float
     checkpoint_restore: float
     recovery: float
+    waiting: float = Field(
+        description="waiting for capacity (no schedulable node); not part of goodput's job time"
+    )
     wasted_progress: float
     straggler: float
     other: float
@@ -102,7 +105,9 @@ class GoodputReport(BaseModel):
     until: float
     elapsed_s: float
     productive_s: float
-    goodput: float | None = Field(description="None for an empty window")
+    goodput: float | None = Field(
+        description="productive_s / (elapsed_s - badput.waiting); None for an empty window"
+    )
     badput: Badput
     ideal_step_s: float | None
     productive_steps: int

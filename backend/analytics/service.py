@@ -29,15 +29,35 @@ FAULT_MATCH_S = 30.0  # a fault event this close to an incident's fault_at names
 def resolve_until(
     session: Session, job: Job, until: float | None, now: float, idle_after_s: float
 ) -> float:
-    """`until` (default now); a job silent for idle_after_s is over: its clock stops at
-    its last completed step."""
+    """`until` (default now), up to the job's end: a job that ended (finished, failed) at
+    `ended_at`; a stopped job (stop_job: nothing restarts it) at the stop, or at its last
+    step if its ranks trained on after it; a job silent for idle_after_s at its last
+    completed step. Without this the time after the end would count as recovery (the
+    stop's incident is never resumed) and goodput would fall for ever."""
     u = now if until is None else until
     if job.ended_at is not None:
-        u = min(u, job.ended_at)  # goodput is accounted up to the job's end
-    elif now - job.last_seen > idle_after_s:
+        return min(u, job.ended_at)
+    if job.state == "stopped":
+        last = repo.last_activity(session, job.id)
+        stop = job.state_since if job.state_since is not None else job.last_seen
+        return min(u, max(stop, last if last is not None else stop))
+    if now - job.last_seen > idle_after_s:
         last = repo.last_activity(session, job.id)
         u = min(u, last if last is not None else job.last_seen)
     return u
+
+
+def waiting_since(session: Session, job: Job) -> float | None:
+    """When a job that waits for capacity (state `waiting`) began to: when it was set
+    waiting, or its last step if it trained on after that (its ranks may outlive the
+    exclusion that left it no node). None for a job that does not wait. The time from
+    there is `waiting`, not recovery: the job's open incident waits for a node, not for
+    the job."""
+    if job.state != "waiting":
+        return None
+    began = job.state_since if job.state_since is not None else job.last_seen
+    last = repo.last_activity(session, job.id)
+    return began if last is None else max(began, last)
 
 
 def accounting(
@@ -57,14 +77,11 @@ def accounting(
     span = WINDOWS[window]
     since = start if span is None else max(start, u - span)
     ckpt = repo.checkpoint_events(session, job.name, since, u)
-    incidents = []
-    for i in repo.incidents(session, job.id, since, u):
-        fault = i.fault_at if i.fault_at is not None else i.created_at
-        end = i.resumed_at
-        if end is not None:
-            began = repo.resumption_start(session, job.id, fault, end)
-            end = began if began is not None else end
-        incidents.append((fault, end))
+    # (fault, resumed_at): account() ends the recovery where the resuming step starts.
+    incidents = [
+        (i.fault_at if i.fault_at is not None else i.created_at, i.resumed_at)
+        for i in repo.incidents(session, job.id, since, u)
+    ]
     return account(
         repo.cohort_steps(session, job.id, since, u),
         job_start=start,
@@ -74,6 +91,7 @@ def accounting(
         saves=repo.blocking_spans(ckpt, "save"),
         restores=repo.blocking_spans(ckpt, "restore"),
         incidents=incidents,
+        waiting_since=waiting_since(session, job),
         points=points,
     )
 

@@ -15,6 +15,7 @@ export const GOODPUT_PARTS = [
   ["checkpoint_save", "Checkpoint save", "#6366f1"],
   ["checkpoint_restore", "Checkpoint restore", "#a855f7"],
   ["recovery", "Recovery", "#dc2626"],
+  ["waiting", "Waiting for capacity", "#ca8a04"],
   ["wasted_progress", "Wasted progress", "#f97316"],
   ["straggler", "Straggler", "#0e7490"],
   ["other", "Other", "#a3a3a3"],

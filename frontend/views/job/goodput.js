@@ -5,6 +5,11 @@ import { h, replace } from "../../lib/dom.js";
 import { duration, fraction } from "../../lib/format.js";
 import { failure, section, table } from "../../lib/panels.js";
 
+// The time goodput is a share of: the elapsed time less the time waiting for capacity.
+function jobTime(g) {
+  return Math.max(0, (g.elapsed_s ?? 0) - (g.badput?.waiting ?? 0));
+}
+
 function badputTable(g) {
   const badput = g.badput ?? {};
   const elapsed = g.elapsed_s ?? 0;
@@ -72,7 +77,9 @@ export function goodputPanel({ onWindow }) {
           h(
             "p",
             { class: "muted" },
-            `productive ${duration(g.productive_s)} of ${duration(g.elapsed_s ?? 0)} of job time`,
+            // Time waiting for capacity is not the job's (it holds no GPUs): goodput leaves it out.
+            `productive ${duration(g.productive_s)} of ${duration(jobTime(g))} of job time` +
+              (g.badput?.waiting ? `; waiting for capacity ${duration(g.badput.waiting)}` : ""),
           ),
         ),
         h("div", { class: "table-scroll" }, badputTable(g)),

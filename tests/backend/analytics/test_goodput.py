@@ -42,8 +42,8 @@ def run_account(run: scenario.Run, since: float, until: float, points: int = 24)
         until=until,
         saves=spans(run, "save"),
         restores=spans(run, "restore"),
-        # Recovery ends when the resuming step starts (the service finds it in the steps).
-        incidents=[(f, began) for f, _, _, began in run.incidents],
+        # resumed_at as recorded: account() ends the recovery where the resuming step starts.
+        incidents=[(f, resumed) for f, resumed, _, _ in run.incidents],
         points=points,
     )
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
+from trainguard.backend.analytics import service as analytics_service
 from trainguard.backend.commands import service as commands_service
 from trainguard.backend.engine.engine import DecisionEngine
 from trainguard.backend.engine.leader import SingleProcessLeadership
@@ -40,7 +41,8 @@ class Clock:
 class _ClockTime:
     """The `time` module as seen by the backend's request handlers in these tests: its
     time() is the test clock, so received and ack times move with the engine's clock and
-    the timelines the engine builds are in the order they would be for real."""
+    the timelines the engine builds are in the order they would be for real (and goodput's
+    "now" is the engine's)."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
@@ -148,7 +150,7 @@ def make_cluster(
         path = tmp_path / f"policy-{len(engines)}.toml"
         path.write_text(policy)
         clock = Clock()
-        for module in (ingest_router, commands_service, incidents_service):
+        for module in (ingest_router, commands_service, incidents_service, analytics_service):
             monkeypatch.setattr(module, "time", _ClockTime(clock))
         engine = DecisionEngine(
             client.app.state.sessions,
