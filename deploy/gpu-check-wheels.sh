@@ -52,7 +52,7 @@ ENV = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform"
        "extra": ""}
 # glibc 2.28 and older tags (pip does not widen an explicit --platform); NVRx 0.7.0 is
 # built for glibc 2.39 only.
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (28, 27, 24, 17)] + ["manylinux2014_x86_64"]
 PLATFORM = {"nvidia-resiliency-ext": ["manylinux_2_39_x86_64"]}
 
 
