@@ -19,6 +19,9 @@ The measured configuration (docs/restarts.md):
 - `dcp.async_save` every N steps on its own gloo group, so saving does not block training
   (`--ckpt-mode async-staged`: the same DCP save from reused staging buffers in one
   long-lived thread; docs/benchmarks-checkpoint.md).
+
+On GPUs: `--backend nccl --device cuda` (each rank on GPU LOCAL_RANK; NCCL needs one GPU
+per rank); the checkpoint group stays on gloo. The defaults are gloo on the CPU.
 """
 
 import argparse
@@ -86,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="smallest world the Wrapper continues with (0: the full world)",
     )
     p.add_argument("--gloo-timeout", type=float, default=5.0)
+    p.add_argument("--backend", default="gloo", help="the training group's backend (nccl on GPUs)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--soft-timeout", type=float, default=15.0)
     p.add_argument("--hard-timeout", type=float, default=25.0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step")
@@ -254,6 +259,15 @@ def newest_checkpoint(root: Path) -> int:
     return best
 
 
+def device_of(args: argparse.Namespace) -> torch.device:
+    """This rank's device: the CPU, or GPU LOCAL_RANK (made the current one)."""
+    if args.device != "cuda":
+        return torch.device("cpu")
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(dev)
+    return dev
+
+
 def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)  # the same initial replica on every rank
     model = torch.nn.Sequential(
@@ -262,13 +276,15 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.optim.Optimi
         torch.nn.Linear(args.hidden, args.hidden),
         torch.nn.ReLU(),
         torch.nn.Linear(args.hidden, 1),
-    )
+    ).to(device_of(args))
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def batch(step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    step: int, rank: int, size: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(step * 1009 + rank)
-    x = torch.randn(size, 32, generator=g)
+    x = torch.randn(size, 32, generator=g).to(device or "cpu")
     return x, x[:, :4].sum(dim=1, keepdim=True)
 
 
@@ -278,14 +294,15 @@ def train(args, tg, injector, mem, call_wrapper: Any = None):
     tg.restart_iteration(iteration, rank=rank, world_size=world)
     timeout = td(seconds=args.gloo_timeout)
     store = storehost.app_store(args.store_host, args.store_port, iteration, job=tg.job)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    device = device_of(args)
+    dist.init_process_group(args.backend, store=store, rank=rank, world_size=world, timeout=timeout)
     ckpt_pg = dist.new_group(backend="gloo", timeout=td(seconds=max(30.0, args.gloo_timeout)))
     mem["ckpt_pg"] = ckpt_pg
     ckpt_root = Path(args.workdir) / "checkpoints"
 
     # Continue from memory when every rank holds the same step, else from disk.
     mine = mem["step"] if mem.get("model") is not None else -1
-    t = torch.tensor([mine, -mine], dtype=torch.int64)
+    t = torch.tensor([mine, -mine], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     lo, hi = int(t[0]), -int(t[1])
     if lo == hi and lo >= 0:
@@ -293,7 +310,7 @@ def train(args, tg, injector, mem, call_wrapper: Any = None):
         source = "memory"
     else:
         model, opt = build(args)
-        chosen = torch.tensor([newest_checkpoint(ckpt_root) if rank == 0 else -1])
+        chosen = torch.tensor([newest_checkpoint(ckpt_root) if rank == 0 else -1], device=device)
         dist.broadcast(chosen, src=0)
         step = int(chosen[0])
         if step >= 0:
@@ -325,7 +342,7 @@ def train(args, tg, injector, mem, call_wrapper: Any = None):
             # slowest one's.
             with tg.compute():
                 injector.before_step(step, rank, last_s)
-                x, y = batch(step, rank, args.batch)
+                x, y = batch(step, rank, args.batch, device)
                 opt.zero_grad(set_to_none=False)
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()

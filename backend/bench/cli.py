@@ -160,6 +160,33 @@ def bench_recovery(
     )
 
 
+@app.command("gpu")
+def bench_gpu(
+    cpu: Annotated[
+        bool, typer.Option("--cpu", help="gloo and `--simulate 2` instead of NCCL and NVML")
+    ] = False,
+    jobs: Annotated[
+        str,
+        typer.Option(help="comma-separated: torchrun-cold,torchrun-warm,ft_launcher-cold,..."),
+    ] = "torchrun-cold,torchrun-warm,ft_launcher-cold,ft_launcher-warm",
+    faults: Annotated[str, typer.Option(help="comma-separated: exception,sigkill")] = (
+        "exception,sigkill"
+    ),
+    timeout: Annotated[float, typer.Option(min=30, help="seconds for the whole check")] = 330.0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+) -> None:
+    """The device check (deploy/gpu-check.sh): the NVML agent's readings and recovery per
+    fault under torchrun and ft_launcher + Wrapper, cold and warm, on CUDA/NCCL."""
+    from trainguard.backend.bench import gpucheck
+
+    args = ["--jobs", jobs, "--faults", faults, "--timeout", str(timeout)]
+    args += ["--cpu"] if cpu else []
+    args += ["--json", str(json_out)] if json_out else []
+    code = gpucheck.main(args)
+    if code:
+        raise typer.Exit(code)
+
+
 @app.command("chaos")
 def bench_chaos(
     minutes: Annotated[str, typer.Option(metavar="M", help="minutes of faults")] = "10",

@@ -7,7 +7,8 @@ ft_launcher, with or without NVRx's Wrapper, that takes several faults in a row.
   (the flags the installed ft_launcher accepts).
 - Without the Wrapper the script is examples/train_user.py (written from the README's SDK
   snippet); with it, examples/train_demo.py (the Wrapper's store hosted by the first
-  node's agent). Both run under inject.py, which fires the faults a test asks for.
+  node's agent). Both run under backend/bench/inject.py, which fires the faults a test
+  asks for.
 - One node: one agent on the well-known socket (its folders moved under the test's own
   with TRAINGUARD_SOCKET_DIRS) and ranks with no trainguard setting. Two nodes: two
   agents and two launchers with `--nnodes 2` on this machine, each launcher's workers
@@ -40,7 +41,7 @@ from trainguard.worker.supervisor import query
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-INJECT = HERE / "inject.py"
+INJECT = ROOT / "backend" / "bench" / "inject.py"  # the bench shares it (gpucheck)
 USER_SCRIPT = ROOT / "examples" / "train_user.py"
 DEMO_SCRIPT = ROOT / "examples" / "train_demo.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")

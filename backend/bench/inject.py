@@ -1,5 +1,6 @@
-"""Run a training script with faults a test can ask for while it runs, the script itself
-unchanged: `python inject.py SCRIPT [ARGS...]` (as the launcher's training script).
+"""Run a training script with faults a test (or `trainguard bench gpu`) asks for while it
+runs, the script itself unchanged: `python inject.py SCRIPT [ARGS...]` (as the launcher's
+training script).
 
 A test writes `<TRAINGUARD_TEST_FAULTS>/<kind>.<rank>`; the rank of that global rank takes
 the file at the start of its next step (`with tg.step(n):`, the SDK's own step context)
