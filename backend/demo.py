@@ -91,14 +91,29 @@ class StartWatch:
         if self.failed < FAILED_STARTS_SAID:
             return 0.0
         delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (self.failed - FAILED_STARTS_SAID))
+        said = last_error_line(workdir)
         print(
             f"trainguard demo: the job does not start ({self.failed} runs in a row ended "
-            f"without a step); the launcher said: {last_error_line(workdir)}; next run in "
-            f"{delay:.0f} s (logs in {workdir})",
+            f"without a step); the launcher said: {said}; next run in {delay:.0f} s (logs "
+            f"in {workdir})",
             file=sys.stderr,
             flush=True,
         )
+        self.report(job, f"{said} ({self.failed} runs in a row ended without a step)")
         return delay
+
+    def report(self, job: str, reason: str) -> None:
+        """The dashboard shows it: the job reads failed, "the job does not start: ...",
+        with an incident (POST /jobs/{job}/launch-failures). Best effort: the terminal
+        line above has said it already."""
+        req = Request(
+            f"{self.url}/api/v1/jobs/{job}/launch-failures",
+            data=json.dumps({"reason": reason[:2000]}).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            method="POST",
+        )
+        with contextlib.suppress(URLError, OSError), urlopen(req, timeout=5):
+            pass
 
     def trained(self, job: str) -> bool:
         """Whether any step of `job` reached the backend. Unknown (the server did not

@@ -24,7 +24,8 @@ from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.hooks import HookResult
 from trainguard.backend.engine.policy import Policy
 from trainguard.backend.incidents import service as incidents
-from trainguard.backend.models import JOB_ENDED, AuditLog, Gpu, Incident, Job, Node
+from trainguard.backend.jobs.service import set_job_state
+from trainguard.backend.models import AuditLog, Gpu, Incident, Job, Node
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +50,6 @@ class HookJob:
     @property
     def key(self) -> tuple[int, float]:
         return (-self.node_id, self.acted_at) if self.node_id else (self.incident_id, self.acted_at)
-
-
-def set_job_state(job: Job, state: str, now: float, reason: str = "") -> None:
-    if job.state == state and job.state_reason == reason:
-        return
-    job.state = state
-    job.state_since = now
-    job.state_reason = reason[:2000]
-    if state in JOB_ENDED:
-        job.ended_at = job.ended_at or now
-    elif state != "stopped":  # given up on, but its ranks may still be training
-        job.ended_at = None
 
 
 class Actions:

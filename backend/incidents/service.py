@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.engine.evidence import Evidence
@@ -27,7 +28,7 @@ from trainguard.backend.engine.queries import capabilities
 from trainguard.backend.errors import Conflict, NotFound
 from trainguard.backend.incidents import reads
 from trainguard.backend.incidents.publish import changed
-from trainguard.backend.jobs.service import live_ranks
+from trainguard.backend.jobs.service import get_or_create_job, live_ranks, set_job_state
 from trainguard.backend.models import TIMELINE, AuditLog, Command, Incident, Job
 from trainguard.backend.models.control import IncidentEvidence
 from trainguard.protocol import wire
@@ -361,6 +362,50 @@ def manual_restart(
         AuditLog(
             ts=now, actor=actor, action=f"restart:{level}", target=f"job:{job.name}", reason=reason
         )
+    )
+    session.flush()
+    return inc
+
+
+# The cause of an incident about a job that does not start: its launcher gave up before
+# any step (the rendezvous closed, the workers never came up). Nothing to act on.
+LAUNCH_FAILED = "launch_failed"
+
+
+def launch_failure(session: Session, job_name: str, reason: str, actor: str) -> Incident:
+    """A launcher of `job_name` gave up without the job training, for `reason` (its last
+    error line). The job reads `failed`, "the job does not start: ...", and one incident
+    (failed, no action taken) says so; a later report of the same job updates it. The
+    job is made when no rank of it ever reported (audited)."""
+    now = time.time()
+    job = get_or_create_job(session, job_name, now)
+    text = f"the job does not start: {reason}"[:2000]
+    set_job_state(job, "failed", now, text)
+    inc = session.scalar(
+        select(Incident)
+        .where(Incident.job_id == job.id, Incident.cause == LAUNCH_FAILED)
+        .order_by(Incident.id.desc())
+    )
+    if inc is None or (job.last_step is not None and inc.fault_step != job.last_step):
+        inc = open_incident(
+            session,
+            job,
+            now=now,
+            trigger="auto",
+            triggered_by=actor,
+            cause=LAUNCH_FAILED,
+            level="launcher",
+            reason=text,
+            fault_at=now,
+            detected_at=now,
+            fault_step=job.last_step,
+        )
+    add_decision(
+        session, inc, {"at": now, "level": "launcher", "why": text, "by": actor, "mode": "observed"}
+    )
+    fail(session, inc, now, text)
+    session.add(
+        AuditLog(ts=now, actor=actor, action="launch_failed", target=f"job:{job_name}", reason=text)
     )
     session.flush()
     return inc

@@ -15,7 +15,7 @@ from trainguard.backend.incidents import publish, reads
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.incidents.schemas import Incident
 from trainguard.backend.jobs import service
-from trainguard.backend.jobs.schemas import Job, JobDetail, JobSteps, RestartRequest
+from trainguard.backend.jobs.schemas import Job, JobDetail, JobSteps, LaunchFailure, RestartRequest
 
 router = APIRouter(tags=["jobs"])
 
@@ -89,4 +89,18 @@ def restart_job(
     )
     publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     request.app.state.commands_notifier.notify()
+    return Incident.model_validate(reads.incident_dict(session, incident))
+
+
+@router.post(
+    "/jobs/{job}/launch-failures",
+    status_code=201,
+    summary="Say that a job does not start: its launcher gave up before it trained (operator)",
+    responses=errors.responses(*errors.OPERATOR, 422),
+)
+def launch_failure(
+    job: JobName, body: LaunchFailure, request: Request, session: SessionDep, who: OperatorDep
+) -> Incident:
+    incident = incidents.launch_failure(session, job, body.reason, actor=who.name)
+    publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     return Incident.model_validate(reads.incident_dict(session, incident))

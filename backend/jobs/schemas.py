@@ -69,3 +69,11 @@ class RestartRequest(BaseModel):
     model_config = {"extra": "forbid"}
     level: Literal["in_process", "launcher"]
     reason: str = Field(min_length=1, max_length=500)
+
+
+class LaunchFailure(BaseModel):
+    """A launcher of the job gave up before the job trained (its rendezvous closed, its
+    workers never came up), with what it said."""
+
+    model_config = {"extra": "forbid"}
+    reason: str = Field(min_length=1, max_length=2000)

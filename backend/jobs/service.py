@@ -9,7 +9,31 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.errors import NotFound
-from trainguard.backend.models import Incident, Job, Node, Rank, Step
+from trainguard.backend.models import JOB_ENDED, Incident, Job, Node, Rank, Step
+
+
+def set_job_state(job: Job, state: str, now: float, reason: str = "") -> None:
+    """The job's state (JOB_STATES) with its reason; an ended state ends the job's
+    accounting (`ended_at`), any other but `stopped` reopens it."""
+    if job.state == state and job.state_reason == reason:
+        return
+    job.state = state
+    job.state_since = now
+    job.state_reason = reason[:2000]
+    if state in JOB_ENDED:
+        job.ended_at = job.ended_at or now
+    elif state != "stopped":  # given up on, but its ranks may still be training
+        job.ended_at = None
+
+
+def get_or_create_job(session: Session, name: str, now: float) -> Job:
+    """The job of that name; a new one, seen now, when no rank of it ever reported."""
+    job = session.scalar(select(Job).where(Job.name == name))
+    if job is None:
+        job = Job(name=name, first_seen=now, last_seen=now, world_size=1, attempt=0, iteration=0)
+        session.add(job)
+        session.flush()
+    return job
 
 
 def get_job(session: Session, name: str) -> Job:

@@ -25,10 +25,14 @@ CLOSED = (
 
 
 @pytest.fixture
-def live_url(make_client: Any) -> Iterator[str]:
+def client(make_client: Any) -> Any:
+    return make_client()
+
+
+@pytest.fixture
+def live_url(client: Any) -> Iterator[str]:
     import uvicorn
 
-    client = make_client()
     batch = wire.Batch(
         node="n1",
         agent_id="agent000001",
@@ -64,7 +68,7 @@ def failed_run(tmp_path: Path, name: str) -> Path:
 
 
 def test_runs_that_never_train_are_said_with_the_launchers_reason_and_backed_off(
-    live_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    live_url: str, client: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     watch = demo.StartWatch(live_url, TOKEN)
     waits = [watch.ended(f"demo-{n}", failed_run(tmp_path, f"r{n}")) for n in (1, 3, 4, 5)]
@@ -73,6 +77,17 @@ def test_runs_that_never_train_are_said_with_the_launchers_reason_and_backed_off
     assert len(said) == 2, said
     assert "the job does not start (3 runs in a row ended without a step)" in said[0]
     assert "Permanently closing the rendezvous" in said[0]
+    # ... and the dashboard shows each: the job failed, "the job does not start", with an
+    # incident that took no action
+    for job in ("demo-4", "demo-5"):
+        j = client.get(f"/api/v1/jobs/{job}").json()
+        assert j["state"] == "failed", j
+        assert j["state_reason"].startswith("the job does not start: ")
+        assert "Permanently closing the rendezvous" in j["state_reason"]
+        (inc,) = client.get("/api/v1/incidents", params={"job": job}).json()
+        assert (inc["cause"], inc["status"]) == ("launch_failed", "failed")
+        assert inc["outcome"] == j["state_reason"]
+    assert client.get("/api/v1/incidents", params={"job": "demo-1"}).json() == []
     # a run that trained ends the streak
     assert watch.ended("demo-2", failed_run(tmp_path, "r2")) == 0.0
     assert watch.failed == 0
@@ -81,3 +96,14 @@ def test_runs_that_never_train_are_said_with_the_launchers_reason_and_backed_off
 def test_an_unreachable_server_does_not_hold_the_demo_back(tmp_path: Path) -> None:
     watch = demo.StartWatch(f"http://127.0.0.1:{free_port()}", TOKEN)
     assert [watch.ended("demo-1", failed_run(tmp_path, f"r{n}")) for n in range(4)] == [0.0] * 4
+
+
+def test_a_launch_failure_is_the_operators_to_report_and_is_one_incident_per_job(
+    client: Any, make_client: Any
+) -> None:
+    r = client.post("/api/v1/jobs/j1/launch-failures", json={"reason": "rendezvous closed"})
+    assert r.status_code == 201, r.text
+    again = client.post("/api/v1/jobs/j1/launch-failures", json={"reason": "closed again"})
+    assert again.json()["id"] == r.json()["id"]  # the same incident, updated
+    assert again.json()["outcome"] == "the job does not start: closed again"
+    assert client.post("/api/v1/jobs/j1/launch-failures", json={"reason": ""}).status_code == 422

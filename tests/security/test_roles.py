@@ -44,6 +44,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/nodes/{node}/cordon"): "operator",
     ("POST", "/api/v1/nodes/{node}/uncordon"): "operator",
     ("POST", "/api/v1/jobs/{job}/restarts"): "operator",
+    ("POST", "/api/v1/jobs/{job}/launch-failures"): "operator",
     ("POST", "/api/v1/incidents/{incident_id}/approve"): "operator",
     ("POST", "/api/v1/incidents/{incident_id}/reject"): "operator",
     ("GET", "/healthz"): "open",
@@ -75,7 +76,7 @@ def _request(method: str, template: str) -> tuple[str, dict[str, Any]]:
         kw["json"] = {"phase": "delivered", "ts": now, "node": "n1"}
     elif template.endswith("/restarts"):
         kw["json"] = {"level": "launcher", "reason": "probe"}
-    elif template.endswith(("/cordon", "/uncordon", "/approve", "/reject")):
+    elif template.endswith(("/cordon", "/uncordon", "/approve", "/reject", "/launch-failures")):
         kw["json"] = {"reason": "probe"}
     elif template.endswith("/whatif"):
         kw["json"] = {"gpus": 8, "checkpoint_cost_s": 10, "restart_s": {"launcher": 60}}
