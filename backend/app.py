@@ -8,10 +8,13 @@ import contextlib
 import gc
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import FrameType
 from typing import Any, Literal
 
+import uvicorn
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -149,6 +152,31 @@ class Api(FastAPI):
             await ingest.answer(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+    def begin_shutdown(self) -> None:
+        """The server has stopped accepting connections and waits for the open ones: the
+        agents' long-polls answer 503 + Retry-After and the live streams end now, instead
+        of holding the shutdown until uvicorn cancels them (a 500 and a traceback)."""
+        self.state.commands_notifier.close()
+        self.state.bus.close()
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server that tells the app when it starts to stop (`Api.begin_shutdown`),
+    before it waits for open connections: uvicorn runs the lifespan's shutdown only after
+    they closed, too late to end a long-poll."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if isinstance(self.config.app, Api):
+            self.config.app.begin_shutdown()
+        await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # uvicorn raises the signal again once it has stopped, so the process dies of it
+        # (-15): a server that stopped gracefully on request exits 0, as the supervisor of
+        # `--workers N` does.
+        self._captured_signals.clear()
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -104,8 +104,9 @@ def server(
     """Run the backend (API, ingest, live stream, dashboard at /)."""
     need_server_extra("server")
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
 
-    from trainguard.backend.app import create_app, tune_gc
+    from trainguard.backend.app import Server, create_app, tune_gc
     from trainguard.backend.ingest.workers import listen_backlog
     from trainguard.backend.logs import uvicorn_log_config
 
@@ -150,7 +151,11 @@ def server(
     api = create_app(settings)
     if settings.gc_tuning:
         tune_gc()
-    uvicorn.run(api, host=host, port=port, **served)
+    # uvicorn.run's one-process path, with the server that ends long-polls at shutdown.
+    running = Server(uvicorn.Config(api, host=host, port=port, **served))
+    running.run()
+    if not running.started:
+        raise typer.Exit(STARTUP_FAILURE)
 
 
 def demo(
