@@ -294,6 +294,9 @@ def create_app(settings: Settings) -> FastAPI:
         # machine-readable document stays at /openapi.json.
         docs_url=None,
         redoc_url=None,
+        # A body without a Content-Type is read as JSON, as ingest and acks read it; any
+        # other type than JSON is a 415 (errors.unreadable_body).
+        strict_content_type=False,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -312,7 +315,10 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        refused = errors.unreadable_body(exc, request.headers.get("content-type"))
+        if refused is not None:
+            return refused
         errs = exc.errors()[:10]
         msgs = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errs]
         # `ctx` can hold the validator's exception object: keep only JSON-safe fields.

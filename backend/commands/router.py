@@ -15,6 +15,7 @@ from trainguard.backend.commands import service
 from trainguard.backend.commands.schemas import AckResult
 from trainguard.backend.incidents import publish
 from trainguard.backend.models import Command, Incident
+from trainguard.backend.names import NodeName
 from trainguard.protocol import wire
 
 router = APIRouter()
@@ -44,7 +45,7 @@ _ack_decoder = msgspec.json.Decoder(wire.Ack)
 async def poll_commands(
     request: Request,
     principal: AgentDep,
-    node: Annotated[str, Path(max_length=128)],
+    node: NodeName,
     wait: Annotated[
         float,
         Query(
