@@ -48,6 +48,7 @@ from trainguard.backend.live.pgnotify import PgNotifyBus, bus_for
 from trainguard.backend.live.router import router as live_router
 from trainguard.backend.retention import Retention, RetentionPolicy
 from trainguard.backend.settings import Settings
+from trainguard.backend.tokens.router import router as tokens_router
 
 log = logging.getLogger(__name__)
 
@@ -359,6 +360,7 @@ def create_app(settings: Settings) -> FastAPI:
     api.include_router(live_router)
     api.include_router(analytics_router)
     api.include_router(catalog_router)
+    api.include_router(tokens_router)
     app.include_router(api)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness")
