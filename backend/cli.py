@@ -122,7 +122,8 @@ def server(
     served: dict[str, Any] = {
         "log_level": log_level,
         "log_config": uvicorn_log_config(log_format, log_level),  # type: ignore[arg-type]  # checked text or json above
-        # Open SSE streams would hold a shutdown forever: give connections 3 s to finish.
+        # Long-polls and live streams end when the shutdown starts (app.Server); any other
+        # request still open gets 3 s to finish.
         "timeout_graceful_shutdown": 3,
         # Agents keep one connection and send every agent_batch_interval_s: an idle
         # timeout shorter than that closes it between batches (a failed send, a new TCP
