@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -83,6 +84,16 @@ def decode_commands(body: bytes, ack: Any = None) -> list[Command]:
     return out
 
 
+class RetryLater(Exception):
+    """The backend asks to poll again after a while (503 or 429 with Retry-After: it is
+    shutting down, or its database is unavailable): a retry, not a failure."""
+
+    def __init__(self, after_s: float, reason: str) -> None:
+        super().__init__(reason)
+        self.after_s = after_s
+        self.reason = reason
+
+
 class CommandTransport(Protocol):
     def poll(self, node: str, wait: float) -> list[Command]: ...
 
@@ -107,6 +118,12 @@ class HttpTransport:
             params={"wait": wait},
             timeout=wait + 10.0,
         )
+        if r.status_code in (429, 503):
+            try:
+                after = min(max(float(r.headers.get("Retry-After", 1)), 0.0), 60.0)
+            except ValueError:  # an HTTP-date
+                after = 1.0
+            raise RetryLater(after, f"HTTP {r.status_code}: {_detail(r)}")
         r.raise_for_status()
         return decode_commands(r.content, self.ack)
 
@@ -120,6 +137,14 @@ class HttpTransport:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _detail(r: Any) -> str:
+    try:
+        detail = r.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return " ".join(str(detail if detail is not None else r.text).split())[:200]
 
 
 class DoneLog:
@@ -205,17 +230,28 @@ class CommandLoop(InProcessRestart):
 
     def _run(self) -> None:
         backoff = 0.5
+        failing = ""  # the failure last logged: an outage is logged once, not every retry
         while not self._stop.is_set():
             try:
                 commands = self.transport.poll(self.node, self.wait_s)
                 backoff = 0.5
+            except RetryLater as later:
+                # Jitter on top: every agent of a stopping backend is told the same second.
+                log.info("command poll: %s; again in %.0f s", later.reason, later.after_s)
+                self._stop.wait(later.after_s + random.uniform(0, 1))
+                continue
             except Exception as exc:
                 if self._stop.is_set():
                     return
-                log.warning("command poll failed: %s (retry in %.1f s)", exc, backoff)
+                if str(exc) != failing:
+                    log.warning("command poll failed: %s (retry in %.1f s)", exc, backoff)
+                    failing = str(exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
                 continue
+            if failing:
+                log.info("command poll reaches the backend again")
+                failing = ""
             for cmd in commands:
                 self.handle(cmd)
 

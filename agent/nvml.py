@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from trainguard.protocol.wire import GpuInfo, GpuSample
+from trainguard.worker import PYNVML_DEPRECATED
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def _import_pynvml() -> ModuleType:
     try:
         with warnings.catch_warnings():
             # The deprecated `pynvml` PyPI package may sit beside nvidia-ml-py and warn.
-            warnings.simplefilter("ignore", FutureWarning)
+            warnings.filterwarnings("ignore", message=PYNVML_DEPRECATED, category=FutureWarning)
             import pynvml
     except ImportError as exc:
         raise NvmlUnavailable(

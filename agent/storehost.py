@@ -19,7 +19,10 @@ import datetime
 import os
 import signal
 import threading
+import warnings
 from typing import Any
+
+from trainguard.worker import PYNVML_DEPRECATED
 
 DEFAULT_PORT = 29600
 
@@ -54,8 +57,7 @@ class StoreHost:
         self.store: Any = None
 
     def start(self) -> None:
-        import torch.distributed as dist  # the train extra; only the hosting agent needs it
-
+        dist = _torch_distributed()  # the train extra; only the hosting agent needs it
         self.store = dist.TCPStore(
             self.host,
             self.port,
@@ -70,9 +72,17 @@ class StoreHost:
         self.store = None  # the server closes with its last reference
 
 
-def _client(host: str, port: int, timeout: float) -> Any:
-    import torch.distributed as dist
+def _torch_distributed() -> Any:
+    """torch.distributed, imported without the deprecated pynvml distribution's warning
+    (torch imports pynvml; trainguard.worker.PYNVML_DEPRECATED)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PYNVML_DEPRECATED, category=FutureWarning)
+        import torch.distributed as dist
+    return dist
 
+
+def _client(host: str, port: int, timeout: float) -> Any:
+    dist = _torch_distributed()
     return dist.TCPStore(
         host,
         port,
@@ -84,8 +94,10 @@ def _client(host: str, port: int, timeout: float) -> Any:
 
 
 def _make_agent_store() -> type:
-    import torch.distributed as dist
-    from nvidia_resiliency_ext.inprocess.store import StoreMixin
+    with warnings.catch_warnings():  # torch and NVRx import the deprecated pynvml
+        warnings.filterwarnings("ignore", message=PYNVML_DEPRECATED, category=FutureWarning)
+        import torch.distributed as dist
+        from nvidia_resiliency_ext.inprocess.store import StoreMixin
 
     class AgentStore(dist.PrefixStore, StoreMixin):
         """Store factory for `inprocess.Wrapper(store_factory=AgentStore, store_kwargs=...)`:
@@ -134,8 +146,7 @@ def app_store(
     host: str, port: int, iteration: int, job: str | None = None, timeout: float = 60.0
 ) -> Any:
     """The application's store for init_process_group, fresh per generation and iteration."""
-    import torch.distributed as dist
-
+    dist = _torch_distributed()
     prefix = f"trainguard/app/{run_id(job)}/{generation()}/i{iteration}"
     return dist.PrefixStore(prefix, _client(host, port, timeout))
 

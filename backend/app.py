@@ -8,10 +8,13 @@ import contextlib
 import gc
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import FrameType
 from typing import Any, Literal
 
+import uvicorn
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -45,6 +48,7 @@ from trainguard.backend.live.pgnotify import PgNotifyBus, bus_for
 from trainguard.backend.live.router import router as live_router
 from trainguard.backend.retention import Retention, RetentionPolicy
 from trainguard.backend.settings import Settings
+from trainguard.backend.tokens.router import router as tokens_router
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +153,31 @@ class Api(FastAPI):
             await ingest.answer(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+    def begin_shutdown(self) -> None:
+        """The server has stopped accepting connections and waits for the open ones: the
+        agents' long-polls answer 503 + Retry-After and the live streams end now, instead
+        of holding the shutdown until uvicorn cancels them (a 500 and a traceback)."""
+        self.state.commands_notifier.close()
+        self.state.bus.close()
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server that tells the app when it starts to stop (`Api.begin_shutdown`),
+    before it waits for open connections: uvicorn runs the lifespan's shutdown only after
+    they closed, too late to end a long-poll."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if isinstance(self.config.app, Api):
+            self.config.app.begin_shutdown()
+        await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # uvicorn raises the signal again once it has stopped, so the process dies of it
+        # (-15): a server that stopped gracefully on request exits 0, as the supervisor of
+        # `--workers N` does.
+        self._captured_signals.clear()
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -266,6 +295,9 @@ def create_app(settings: Settings) -> FastAPI:
         # machine-readable document stays at /openapi.json.
         docs_url=None,
         redoc_url=None,
+        # A body without a Content-Type is read as JSON, as ingest and acks read it; any
+        # other type than JSON is a 415 (errors.unreadable_body).
+        strict_content_type=False,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -284,7 +316,10 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        refused = errors.unreadable_body(exc, request.headers.get("content-type"))
+        if refused is not None:
+            return refused
         errs = exc.errors()[:10]
         msgs = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errs]
         # `ctx` can hold the validator's exception object: keep only JSON-safe fields.
@@ -325,6 +360,7 @@ def create_app(settings: Settings) -> FastAPI:
     api.include_router(live_router)
     api.include_router(analytics_router)
     api.include_router(catalog_router)
+    api.include_router(tokens_router)
     app.include_router(api)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness")

@@ -208,6 +208,8 @@ def require(role: Role):
     return dep
 
 
+# Any valid token, whatever its roles (GET /whoami).
+SignedInDep = Annotated[Principal, Depends(_principal)]
 AgentDep = Annotated[Principal, Depends(require("agent"))]
 ViewerDep = Annotated[Principal, Depends(require("viewer"))]
 OperatorDep = Annotated[Principal, Depends(require("operator"))]

@@ -112,8 +112,9 @@ def server(
     """Run the backend (API, ingest, live stream, dashboard at /)."""
     need_server_extra("server")
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
 
-    from trainguard.backend.app import create_app, tune_gc
+    from trainguard.backend.app import Server, create_app, tune_gc
     from trainguard.backend.ingest.workers import listen_backlog
     from trainguard.backend.logs import uvicorn_log_config
 
@@ -129,7 +130,8 @@ def server(
     served: dict[str, Any] = {
         "log_level": log_level,
         "log_config": uvicorn_log_config(log_format, log_level),  # type: ignore[arg-type]  # checked text or json above
-        # Open SSE streams would hold a shutdown forever: give connections 3 s to finish.
+        # Long-polls and live streams end when the shutdown starts (app.Server); any other
+        # request still open gets 3 s to finish.
         "timeout_graceful_shutdown": 3,
         # Agents keep one connection and send every agent_batch_interval_s: an idle
         # timeout shorter than that closes it between batches (a failed send, a new TCP
@@ -158,7 +160,11 @@ def server(
     api = create_app(settings)
     if settings.gc_tuning:
         tune_gc()
-    uvicorn.run(api, host=host, port=port, **served)
+    # uvicorn.run's one-process path, with the server that ends long-polls at shutdown.
+    running = Server(uvicorn.Config(api, host=host, port=port, **served))
+    running.run()
+    if not running.started:
+        raise typer.Exit(STARTUP_FAILURE)
 
 
 def demo(

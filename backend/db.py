@@ -84,11 +84,19 @@ def _count_write_waiters(engine: Engine) -> None:
         _done(ctx.connection)
 
 
-def make_engine(url: str, **kw: Any) -> Engine:
+def make_sqlite_folder(url: str) -> None:
+    """SQLite creates its file, not the folder it is in: create that folder (the data
+    folder on a first run) so that every command opening the database works on a fresh
+    TRAINGUARD_DATA_DIR, not only `trainguard server`."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+def make_engine(url: str, **kw: Any) -> Engine:
+    if url.startswith("sqlite"):
+        make_sqlite_folder(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kw)
 
         @event.listens_for(engine, "connect")
@@ -120,12 +128,14 @@ def alembic_config(url: str) -> Any:
 def upgrade(url: str, revision: str = "head") -> None:
     from alembic import command
 
+    make_sqlite_folder(url)
     command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str) -> None:
     from alembic import command
 
+    make_sqlite_folder(url)
     command.downgrade(alembic_config(url), revision)
 
 

@@ -24,6 +24,10 @@ import sys
 import time
 from pathlib import Path
 
+# trainguard.worker.PYNVML_WARNINGS_OPTION (the backend imports nothing of the agent): NVRx
+# 0.4's deprecated `pynvml` distribution warns in ft_launcher and in every worker.
+_QUIET_PYNVML = "ignore:The pynvml package is deprecated:FutureWarning"
+
 # The repository in a checkout, site-packages/trainguard in an install: examples/ (package
 # data trainguard.examples) lies under both.
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,6 +291,8 @@ def launch(
             OMP_NUM_THREADS="1",
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")])),
             PYTHONUNBUFFERED="1",
+            # ft_launcher and the workers import NVRx and torch, which import pynvml.
+            PYTHONWARNINGS=",".join(filter(None, [child_env.get("PYTHONWARNINGS"), _QUIET_PYNVML])),
         )
         command = launcher_command if launcher == "ft_launcher" else torchrun_command
         cmd = command(

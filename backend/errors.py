@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -73,6 +74,25 @@ def responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any
     return out
 
 
+def unreadable_body(exc: RequestValidationError, content_type: str | None) -> JSONResponse | None:
+    """The answer to a JSON body that could not be read, before its fields are judged: 400
+    `malformed JSON: ...` (as ingest and acks answer), or 415 when the body was sent as
+    another type than JSON (FastAPI hands such a body to the model as bytes). None for an
+    ordinary validation error (a 422 naming the field)."""
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            loc = err.get("loc", ())
+            where = f" at position {loc[1]}" if len(loc) > 1 else ""
+            reason = (err.get("ctx") or {}).get("error", err.get("msg", ""))
+            return JSONResponse({"detail": f"malformed JSON: {reason}{where}"}, 400)
+    if isinstance(exc.body, bytes | bytearray):
+        media = (content_type or "").partition(";")[0].strip().lower()
+        return JSONResponse(
+            {"detail": f"unsupported content type {media!r}: send application/json"}, 415
+        )
+    return None
+
+
 def document_unparsable_bodies(doc: dict[str, Any]) -> None:
     """Every operation that takes a body may answer 400 before its own code runs: FastAPI
     refuses a body that is not text (not UTF-8) with "There was an error parsing the body".
@@ -80,9 +100,14 @@ def document_unparsable_bodies(doc: dict[str, Any]) -> None:
     for item in doc.get("paths", {}).values():
         for op in item.values():
             if isinstance(op, dict) and "requestBody" in op:
-                op.setdefault("responses", {}).setdefault(
+                answers = op.setdefault("responses", {})
+                answers.setdefault(
                     "400",
                     {"description": "the body cannot be parsed", "content": _ERROR_CONTENT},
+                )
+                answers.setdefault(
+                    "415",
+                    {"description": ERROR_DESCRIPTIONS[415], "content": _ERROR_CONTENT},
                 )
 
 

@@ -16,10 +16,46 @@ export function getToken() {
 
 export function setToken(token) {
   sessionStorage.setItem(TOKEN_KEY, token);
+  roles = undefined;
 }
 
 export function clearToken() {
   sessionStorage.removeItem(TOKEN_KEY);
+  roles = undefined;
+}
+
+// The stored token's roles (GET /whoami): undefined until asked, null when the server
+// could not say (an older server without the route). The views offer the operator's
+// actions only to an operator token; the server checks every action all the same.
+let roles;
+
+export function rolesKnown() {
+  return roles !== undefined;
+}
+
+let asking = null;
+
+/** Ask the server what the stored token may do; a 401 signs out (onUnauthorized). */
+export function loadRoles() {
+  asking ??= apiGet("whoami")
+    .then(
+      (me) => {
+        roles = me.roles;
+      },
+      (error) => {
+        roles = null; // unknown: the actions are offered and the server decides
+        if (error.status === 401) throw error;
+      },
+    )
+    .finally(() => {
+      asking = null;
+    });
+  return asking;
+}
+
+/** True unless the token is known to lack the operator role. */
+export function canOperate() {
+  return roles == null || roles.includes("operator");
 }
 
 export class ApiError extends Error {

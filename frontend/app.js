@@ -2,7 +2,17 @@
 // router. A view is a module exporting `title` (a string or fn(params)) and
 // `mount(root, ctx)`, which renders into root and returns its cleanup function.
 // ctx: {params, query, stream, signal}; the signal aborts the view's requests on leave.
-import { apiGet, clearToken, getToken, LiveStream, onUnauthorized, setToken } from "./api.js";
+import {
+  apiGet,
+  canOperate,
+  clearToken,
+  getToken,
+  LiveStream,
+  loadRoles,
+  onUnauthorized,
+  rolesKnown,
+  setToken,
+} from "./api.js";
 import { h, replace } from "./lib/dom.js";
 import * as incidentView from "./views/incident.js";
 import * as incidents from "./views/incidents.js";
@@ -131,8 +141,15 @@ function route() {
     showLogin();
     return;
   }
+  if (!rolesKnown()) {
+    // The views offer the operator's actions by the token's roles: ask once per sign-in
+    // (a 401 brings the sign-in back through onUnauthorized).
+    loadRoles().then(route, () => {});
+    return;
+  }
   unmountCurrent();
   document.body.dataset.auth = "in";
+  document.body.dataset.role = canOperate() ? "operator" : "viewer";
   signOut.hidden = false;
   const { path, query } = parseHash();
   const { name, view, params } = resolve(path);

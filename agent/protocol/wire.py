@@ -27,7 +27,8 @@ MAX_RANKS = 1024
 MAX_GPUS = 64
 
 # Names appear in URL paths (/nodes/{node}, /jobs/{job}): no "/" in them.
-Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$"
+Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 Uuid = Annotated[str, Meta(min_length=1, max_length=96)]
 Text = Annotated[str, Meta(max_length=4096)]
 Short = Annotated[str, Meta(max_length=256)]

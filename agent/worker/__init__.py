@@ -17,6 +17,7 @@ every worker before anything else."""
 from __future__ import annotations
 
 import os
+import warnings
 
 POOL_ENV = "TRAINGUARD_WORKER_POOL"  # the pool's socket; "off" runs every worker cold
 # Set in a warm worker's environment, for that pid only (the SDK reads them): the
@@ -25,6 +26,20 @@ WORKER_PID_ENV = "TRAINGUARD_WORKER_PID"
 WORKER_PPID_ENV = "TRAINGUARD_WORKER_PPID"
 WORKER_SHIM_ENV = "TRAINGUARD_WORKER_SHIM_PID"
 OFF = ("0", "off", "none", "no", "false")
+
+# NVRx 0.4 requires the deprecated `pynvml` distribution, which sits beside nvidia-ml-py
+# (the NVML binding) and warns once per process at the first import of a `pynvml` module,
+# whoever imports it: torch (torch.cuda), NVRx, the agent's NVML collector. Its advice is
+# for NVRx's maintainers, not for the reader of a worker's or the agent's log.
+PYNVML_DEPRECATED = "The pynvml package is deprecated"
+# The same filter as a -W / PYTHONWARNINGS option, for processes started from here.
+PYNVML_WARNINGS_OPTION = f"ignore:{PYNVML_DEPRECATED}:FutureWarning"
+
+
+def ignore_pynvml_deprecation() -> None:
+    """From now on this process does not print that one FutureWarning (a worker, the
+    pool: processes trainguard starts, before the training script runs)."""
+    warnings.filterwarnings("ignore", message=PYNVML_DEPRECATED, category=FutureWarning)
 
 
 def pool_path_for(agent_socket: str | os.PathLike[str]) -> str:

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.worker import ignore_pynvml_deprecation
 from trainguard.worker.child import idle, set_pdeathsig
 from trainguard.worker.shim import interpreter
 
@@ -393,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     set_pdeathsig(signal.SIGTERM)  # the agent that started us is gone: so are we
+    ignore_pynvml_deprecation()  # torch and NVRx import pynvml: here and in every worker
     # torch starts an OpenMP thread at import unless limited to one, and a fork keeps
     # only the forking thread; each worker sets its own count (trainguard.worker.child)
     os.environ["OMP_NUM_THREADS"] = "1"

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
-from trainguard.worker import OFF, POOL_ENV, pool_path_for
+from trainguard.worker import OFF, POOL_ENV, ignore_pynvml_deprecation, pool_path_for
 
 # The first answer of the pool: a live pool answers in microseconds; this bounds a stuck one.
 ANSWER_TIMEOUT_S = 2.0
@@ -246,6 +246,8 @@ def exit_like(status: Status) -> NoReturn:
 def run_cold(args: list[str]) -> NoReturn:
     """`python SCRIPT ARGS` in this process (`-m MODULE ARGS` for a module)."""
     import runpy
+
+    ignore_pynvml_deprecation()  # as in a warm worker (the pool's filter)
 
     if args[0] == "-m" and len(args) > 1:
         sys.argv = [args[1], *args[2:]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Query, Request
 
 from trainguard.backend import errors
 from trainguard.backend.analytics import advice, service
@@ -20,11 +20,10 @@ from trainguard.backend.auth import ViewerDep
 from trainguard.backend.db import SessionDep
 from trainguard.backend.errors import DomainError
 from trainguard.backend.jobs.service import get_job
+from trainguard.backend.names import JobName, NodeName
 
 router = APIRouter(tags=["analytics"])
 
-JobName = Annotated[str, Path(max_length=128)]
-NodeName = Annotated[str, Path(max_length=128)]
 _JOB_ERRORS = errors.responses(*errors.VIEWER, 404, 422, _404="unknown job")
 
 

@@ -25,13 +25,12 @@ from trainguard.backend.db import SessionDep
 from trainguard.backend.engine.hooks import run_hook
 from trainguard.backend.errors import DomainError
 from trainguard.backend.models import AuditLog
+from trainguard.backend.names import NodeName
 from trainguard.protocol.wire import EventKind
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["cluster"])
-
-NodeName = Annotated[str, Path(max_length=128)]
 
 
 def _down_after(request: Request) -> float:

@@ -15,11 +15,13 @@ from trainguard.backend.commands import service
 from trainguard.backend.commands.schemas import AckResult
 from trainguard.backend.incidents import publish
 from trainguard.backend.models import Command, Incident
+from trainguard.backend.names import NodeName
 from trainguard.protocol import wire
 
 router = APIRouter()
 
 _POLL_DB_EVERY_S = 0.5
+SHUTTING_DOWN = "server shutting down, retry"
 _ack_decoder = msgspec.json.Decoder(wire.Ack)
 
 
@@ -32,13 +34,18 @@ _ack_decoder = msgspec.json.Decoder(wire.Ack)
             "description": "the node's pending commands (empty when none came in `wait` s)",
             "content": {"application/json": {"schema": wire.json_schema(list[wire.Command])}},
         },
-        **errors.responses(*errors.AGENT, 422),
+        **errors.responses(
+            *errors.AGENT,
+            422,
+            _503="database unavailable, or the server is shutting down; poll again after "
+            "Retry-After",
+        ),
     },
 )
 async def poll_commands(
     request: Request,
     principal: AgentDep,
-    node: Annotated[str, Path(max_length=128)],
+    node: NodeName,
     wait: Annotated[
         float,
         Query(
@@ -58,12 +65,15 @@ async def poll_commands(
         with app.state.sessions() as session:
             return service.pending_for_node(session, node)
 
+    notifier = app.state.commands_notifier
     while True:
         cmds = await run_in_threadpool(pending)
         left = deadline - time.monotonic()
         if cmds or left <= 0 or await request.is_disconnected():
             return Response(wire.encode(cmds), media_type="application/json")
-        await app.state.commands_notifier.wait(min(left, _POLL_DB_EVERY_S))
+        if notifier.closing:  # the server stops: the agent polls again (another replica)
+            raise HTTPException(503, SHUTTING_DOWN, headers={"Retry-After": "1"})
+        await notifier.wait(min(left, _POLL_DB_EVERY_S))
 
 
 @router.post(

@@ -333,7 +333,7 @@ def manual_restart(
     caps = capabilities(session, job.id, now - fresh_within_s)
     if level not in caps["levels"]:
         raise Conflict(
-            f"job {job.name!r} cannot carry out a {level} restart: {why_not(level, caps)}"
+            f"job {job.name!r} cannot carry out {_a(level)} {level} restart: {why_not(level, caps)}"
         )
     inc = open_incident(
         session,
@@ -409,6 +409,11 @@ def launch_failure(session: Session, job_name: str, reason: str, actor: str) -> 
     )
     session.flush()
     return inc
+
+
+def _a(word: str) -> str:
+    """The indefinite article before a level's name: an in_process, a launcher."""
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def why_not(level: str, caps: dict[str, Any]) -> str:

@@ -81,7 +81,7 @@ def _worker(
     make uvicorn skip its graceful shutdown, and never left behind its supervisor."""
     import uvicorn
 
-    from trainguard.backend.app import create_app, tune_gc
+    from trainguard.backend.app import Server, create_app, tune_gc
     from trainguard.backend.settings import Settings
 
     settings = Settings(**options)
@@ -89,7 +89,7 @@ def _worker(
     if settings.gc_tuning:
         tune_gc()
     config = uvicorn.Config(api, headers=[(WORKER_HEADER, str(index))], **uvicorn_kwargs)
-    server = uvicorn.Server(config)
+    server = Server(config)
 
     def watch() -> None:
         told = False

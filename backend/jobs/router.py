@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Query, Request
 
 from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
@@ -16,10 +16,9 @@ from trainguard.backend.incidents import service as incidents
 from trainguard.backend.incidents.schemas import Incident
 from trainguard.backend.jobs import service
 from trainguard.backend.jobs.schemas import Job, JobDetail, JobSteps, LaunchFailure, RestartRequest
+from trainguard.backend.names import JobName
 
 router = APIRouter(tags=["jobs"])
-
-JobName = Annotated[str, Path(max_length=128)]
 
 
 @router.get(

@@ -9,6 +9,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+# What a subscription's queue holds last when the bus closes.
+CLOSED: tuple[str, Any] = ("", None)
+
 
 @dataclass(eq=False)
 class Subscription:
@@ -22,16 +25,30 @@ class LiveBus:
         self._subs: set[Subscription] = set()
         self._lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
 
     def subscribe(self, topics: frozenset[str]) -> Subscription:
         sub = Subscription(topics)
         with self._lock:
             self._subs.add(sub)
+        if self.closed:
+            sub.queue.put_nowait(CLOSED)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
             self._subs.discard(sub)
+
+    def close(self) -> None:
+        """From the event loop: the server stops; every stream wakes and ends, so no open
+        stream holds the shutdown (EventSource reconnects, to another replica or later)."""
+        self.closed = True
+        with self._lock:
+            subs = list(self._subs)
+        for s in subs:
+            if s.queue.full():  # a slow client: its oldest message makes room
+                s.queue.get_nowait()
+            s.queue.put_nowait(CLOSED)
 
     def wants(self, topic: str) -> bool:
         with self._lock:

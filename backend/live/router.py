@@ -12,6 +12,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from trainguard.backend import errors
 from trainguard.backend.auth import ViewerDep
+from trainguard.backend.live.bus import CLOSED
 
 router = APIRouter(tags=["live"])
 
@@ -64,7 +65,10 @@ async def stream(
             nodes = await request.app.state.nodes_snapshot()
             yield ServerSentEvent(event="nodes", raw_data=_json.encode(nodes).decode())
         while True:
-            name, data = await sub.queue.get()
+            item = await sub.queue.get()
+            if item is CLOSED:  # the server stops: end the stream, the browser reconnects
+                return
+            name, data = item
             yield ServerSentEvent(event=name, raw_data=_json.encode(data).decode())
     finally:
         bus.unsubscribe(sub)

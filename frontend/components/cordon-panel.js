@@ -6,7 +6,7 @@
 //
 // The server may answer an action before a read sees it: after one, the panel shows the
 // change at once, and `stale(answer)` tells the page which reads still predate it.
-import { apiGet, apiPost } from "../api.js";
+import { apiGet, apiPost, canOperate } from "../api.js";
 import { actorText, incidentLink, repairBadge } from "../lib/cordons.js";
 import { emptyState, h, replace } from "../lib/dom.js";
 import { statusBadge, timeEl } from "../lib/format.js";
@@ -25,6 +25,7 @@ export class CordonPanel {
   #error = null;
   #key = null; // what the history was last read for
   #settlesAt = 0;
+  #operator = canOperate(); // a viewer's page has no Cordon... or Readmit...
   #headline = h("span", { class: "cordon-headline-text" });
   #details = h("div", { class: "cordon-details" });
   #history = h("div", { class: "cordon-history" });
@@ -75,7 +76,7 @@ export class CordonPanel {
   /** Show the node (GET /nodes/<name> or the `nodes` tick); reads the history when it changed. */
   update(node) {
     this.#node = node;
-    this.cordonButton.hidden = Boolean(node.cordoned); // a cordoned node is readmitted below
+    this.cordonButton.hidden = !this.#operator || Boolean(node.cordoned); // a cordoned node is readmitted below
     this.#render();
     const key = `${node.cordoned}|${node.cordon?.id ?? ""}|${node.cordons_recent ?? 0}`;
     if (key !== this.#key) {
@@ -91,7 +92,7 @@ export class CordonPanel {
     this.el.hidden = !node.cordoned && !c && !this.#rows?.length && !this.#error;
     this.el.dataset.cordoned = String(Boolean(node.cordoned));
     this.el.dataset.repair = String(Boolean(node.repair));
-    this.readmitButton.hidden = !node.cordoned;
+    this.readmitButton.hidden = !this.#operator || !node.cordoned;
     if (node.cordoned) {
       replace(
         this.#headline,

@@ -1,7 +1,7 @@
 // Approve or reject a pending incident: a dry-run recommendation, or an automatic node
 // exclusion the breaker held (its cap of automatic cordons was reached). A confirmation
 // dialog with a reason, then POST /incidents/<id>/approve|reject (operator; audited).
-import { apiPost, isMissingRoute } from "../api.js";
+import { apiPost, canOperate, isMissingRoute } from "../api.js";
 import { confirmDialog } from "../components/confirm-dialog.js";
 import { h } from "./dom.js";
 
@@ -51,8 +51,12 @@ export function decide(incident, verdict, signal) {
   });
 }
 
-/** Approve / Reject buttons for a pending incident; onDone() after either succeeded. */
+/**
+ * Approve / Reject buttons for a pending incident; onDone() after either succeeded. None
+ * for a viewer's token.
+ */
 export function decisionButtons(incident, signal, onDone) {
+  if (!canOperate()) return null;
   const make = (verdict, label, cls) =>
     h(
       "button",

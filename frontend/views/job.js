@@ -12,7 +12,7 @@
 //
 // This module reads, lays out and follows the live stream; each panel (views/job/)
 // builds its own elements (`el`) and shows what it is given (`update`, `fail`).
-import { apiGet } from "../api.js";
+import { apiGet, canOperate } from "../api.js";
 import { mountEventsFeed } from "../components/events-feed.js";
 import { h, replace } from "../lib/dom.js";
 import { section } from "../lib/panels.js";
@@ -59,8 +59,7 @@ export function mount(root, ctx) {
       header.heading,
       header.stateSlot,
       h("span", { class: "spacer" }),
-      restart.note,
-      restart.button,
+      canOperate() ? [restart.note, restart.button] : null, // a viewer has no action
     ),
     header.facts,
     caps.el,

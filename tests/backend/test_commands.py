@@ -88,3 +88,26 @@ def test_an_ack_from_another_node_is_refused(client: Any) -> None:
     assert ack(client, cid, "delivered", node="n2").status_code == 409
     bad = client.post(f"/api/v1/commands/{cid}/acks", json={"phase": "done", "ts": 1, "node": "n1"})
     assert bad.status_code == 422
+
+
+def test_a_level_the_job_cannot_carry_out_is_refused_in_words(client: Any) -> None:
+    now = time.time()
+    batch = wire.Batch(
+        node="n1",
+        agent_id="agent000001",
+        seq=1,
+        sent_at=now,
+        ranks=[
+            wire.RankStatus(
+                job="job-1", rank=r, pid=100 + r, world_size=2, in_process=False, launcher="none"
+            )
+            for r in (0, 1)
+        ],
+    )
+    assert client.post("/api/v1/ingest", content=wire.encode(batch)).status_code == 200
+    for level, article in (("in_process", "an"), ("launcher", "a")):
+        r = client.post("/api/v1/jobs/job-1/restarts", json={"level": level, "reason": "x"})
+        assert r.status_code == 409, r.text
+        assert r.json()["detail"].startswith(
+            f"job 'job-1' cannot carry out {article} {level} restart: "
+        )

@@ -319,3 +319,57 @@ def test_query_and_path_parameters_are_bounded(client: Any) -> None:
         r = client.get(path, params=params)
         assert r.status_code == 422, (path, params, r.text)
         assert isinstance(r.json()["detail"], str) and r.json()["detail"]
+
+
+# Every route whose body is a pydantic model (the agents' routes decode their own).
+_JSON_ROUTES = [
+    "/api/v1/jobs/job-1/restarts",
+    "/api/v1/nodes/n1/cordon",
+    "/api/v1/nodes/n1/uncordon",
+    "/api/v1/incidents/1/approve",
+    "/api/v1/incidents/1/reject",
+]
+
+
+def test_malformed_json_is_a_400_on_every_json_route(client: Any) -> None:
+    assert client.post("/api/v1/ingest", json=body()).status_code == 200
+    json_type = {"Content-Type": "application/json"}
+    for path in [*_JSON_ROUTES, "/api/v1/commands/c1/acks"]:
+        r = client.post(path, content=b'{"phase": x', headers=json_type)
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["detail"].startswith("malformed JSON: "), (path, r.text)
+    assert client.get("/api/v1/nodes/n1").json()["cordoned"] is False
+
+
+def test_a_json_route_refuses_another_content_type_with_415(client: Any) -> None:
+    assert client.post("/api/v1/ingest", json=body()).status_code == 200
+    for path in _JSON_ROUTES:
+        r = client.post(path, content=b"reason=x", headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415, (path, r.text)
+        assert r.json()["detail"] == (
+            "unsupported content type 'text/plain': send application/json"
+        )
+    # No Content-Type at all: read as JSON, as ingest and acks read it.
+    r = client.post("/api/v1/nodes/n1/cordon", content=b'{"reason": "disk"}')
+    assert r.status_code == 200, r.text
+    assert client.get("/api/v1/nodes/n1").json()["cordoned"] is True
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/jobs/my job",
+        "/api/v1/jobs/my job/steps",
+        "/api/v1/jobs/my job/goodput",
+        "/api/v1/jobs/.hidden/stragglers",
+        "/api/v1/nodes/bad node",
+        "/api/v1/nodes/bad node/gpus",
+        "/api/v1/agents/bad node/commands",
+    ],
+)
+def test_a_name_no_agent_can_send_is_a_422_not_a_404(client: Any, path: str) -> None:
+    r = client.get(path, params={"wait": 0} if "commands" in path else {})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith(("path.job: ", "path.node: ")), r.text
+    r = client.post("/api/v1/jobs/my job/restarts", json={"level": "launcher", "reason": "x"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("path.job: "), r.text

@@ -16,7 +16,7 @@ import pytest
 from tests.security.conftest import Tokens, batch, bearer
 from tests.support import TOKEN
 
-# (method, path) -> the role a caller needs; "open" needs no token.
+# (method, path) -> the role a caller needs; "open" needs no token, "token" any valid one.
 POLICY: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/ingest"): "agent",
     ("GET", "/api/v1/agents/{node}/commands"): "agent",
@@ -40,6 +40,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/jobs/{job}/advice"): "viewer",
     ("POST", "/api/v1/advice/whatif"): "viewer",  # a calculation; changes nothing
     ("GET", "/api/v1/xids"): "viewer",
+    ("GET", "/api/v1/whoami"): "token",
     ("GET", "/metrics"): "viewer",
     ("POST", "/api/v1/nodes/{node}/cordon"): "operator",
     ("POST", "/api/v1/nodes/{node}/uncordon"): "operator",
@@ -116,7 +117,7 @@ def test_each_credential_reaches_exactly_the_routes_of_its_roles(
     failures = []
     for who, (headers, roles) in _grants(tokens).items():
         for (method, template), need in POLICY.items():
-            allowed = need == "open" or need in roles
+            allowed = need == "open" or need in roles or (need == "token" and bool(roles))
             if template == "/api/v1/stream" and allowed:
                 continue  # an open stream never ends: test_the_live_stream_needs_a_viewer
             path, kw = _request(method, template)
@@ -239,3 +240,18 @@ def test_the_docs_pages_are_the_only_other_open_routes(client: Any) -> None:
         assert client.get(path).status_code == 200
     for path in ("/docs", "/redoc"):  # no CDN-loaded pages: the static UI answers 404
         assert client.get(path).status_code == 404
+
+
+def test_whoami_says_each_tokens_roles(client: Any, tokens: Tokens) -> None:
+    client.headers.pop("Authorization")
+    for who, (headers, roles) in _grants(tokens).items():
+        r = client.get("/api/v1/whoami", headers=headers)
+        if not roles:
+            assert r.status_code == 401, (who, r.text)
+            continue
+        assert r.status_code == 200, (who, r.text)
+        me = r.json()
+        assert me["roles"] == sorted(roles), who
+        assert me["node"] == ("n1" if who == "agent n1" else None), who
+    me = client.get("/api/v1/whoami", headers=bearer(tokens.viewer)).json()
+    assert me == {"name": "viewer:alice", "roles": ["viewer"], "node": None}
