@@ -146,57 +146,31 @@ def launcher_command(
     *,
     script: str | os.PathLike[str] = TRAIN_SCRIPT,
     shim: bool = False,
+    launcher: str = "ft_launcher",
 ) -> list[str]:
-    """The ft_launcher line; with `shim`, its workers start through trainguard's worker
-    shim (`--no-python trainguard-worker SCRIPT`), warm when the node's agent runs a
-    pool (agent/worker/, docs/restarts.md "The warm pool")."""
-    head = ft_launcher_head()
+    """The launcher line: ft_launcher with the measured flags it accepts, or (`launcher`
+    "torchrun", a job without NVRx) the README's torchrun line, to run with
+    `TORCHRUN_ENV`, the Wrapper left out (`--no-wrapper`). Both on a c10d rendezvous on
+    loopback. With `shim`, the workers start through trainguard's worker shim
+    (`--no-python trainguard-worker SCRIPT`), warm when the node's agent runs a pool
+    (agent/worker/, docs/restarts.md "The warm pool")."""
+    if launcher == "ft_launcher":
+        head = ft_launcher_head()
+        flags = supported_options(FT_OPTIONS, launcher_options(tuple(head)))
+        tail: list[str] = []
+    else:
+        head = [sys.executable, "-m", "torch.distributed.run"]
+        flags, tail = ["--monitor-interval", "0.5"], ["--no-wrapper"]
     return [
         *head,
-        "--nnodes",
-        str(nnodes),
-        "--nproc-per-node",
-        str(nproc_per_node),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{rdzv_port}",
-        "--rdzv-id",
-        job,
-        "--max-restarts",
-        str(max_restarts),
-        *supported_options(FT_OPTIONS, launcher_options(tuple(head))),
-        *(worker_shim() if shim else []),
-        str(script),
-        *train_args,
-    ]
-
-
-def torchrun_command(
-    nnodes: int,
-    nproc_per_node: int,
-    rdzv_port: int,
-    job: str,
-    max_restarts: int,
-    train_args: list[str],
-    *,
-    script: str | os.PathLike[str] = TRAIN_SCRIPT,
-    shim: bool = False,
-) -> list[str]:
-    """The README's torchrun line (c10d rendezvous; run it with `TORCHRUN_ENV`), for a
-    job without NVRx: launcher restarts only, the Wrapper left out (`--no-wrapper`)."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
         *("--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)),
-        *("--max-restarts", str(max_restarts), "--rdzv-backend", "c10d"),
-        *("--rdzv-endpoint", f"127.0.0.1:{rdzv_port}", "--rdzv-id", job),
-        *("--monitor-interval", "0.5"),
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}"),
+        *("--rdzv-id", job, "--max-restarts", str(max_restarts)),
+        *flags,
         *(worker_shim() if shim else []),
         str(script),
         *train_args,
-        "--no-wrapper",
+        *tail,
     ]
 
 
@@ -294,9 +268,15 @@ def launch(
             # ft_launcher and the workers import NVRx and torch, which import pynvml.
             PYTHONWARNINGS=",".join(filter(None, [child_env.get("PYTHONWARNINGS"), _QUIET_PYNVML])),
         )
-        command = launcher_command if launcher == "ft_launcher" else torchrun_command
-        cmd = command(
-            len(agent_sockets), nproc_per_node, rdzv_port, job, max_restarts, train_args, shim=shim
+        cmd = launcher_command(
+            len(agent_sockets),
+            nproc_per_node,
+            rdzv_port,
+            job,
+            max_restarts,
+            train_args,
+            shim=shim,
+            launcher=launcher,
         )
         log = open(work / f"launcher-{i}.log", "ab")  # noqa: SIM115 - owned by the child
         procs.append(

@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from tests.invariants import check as check_invariants
-from tests.support import AUTH, TOKEN
+from tests.support import AUTH, TOKEN, free_port, wait_for
 from trainguard.backend import db
 from trainguard.backend.models import Base
 
@@ -120,3 +121,22 @@ def make_client(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
 @pytest.fixture
 def client(make_client: Callable[..., Any]) -> Any:
     return make_client()
+
+
+@pytest.fixture
+def live_url(client: Any) -> Iterator[str]:
+    """The `client` fixture's app under a real uvicorn on a loopback port (for what
+    TestClient cannot do, such as reading the start of a stream that never ends, or a
+    program that speaks plain HTTP)."""
+    import uvicorn
+
+    app = client.app
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 10, 0.02)
+    yield f"http://127.0.0.1:{server.config.port}"
+    server.should_exit = True
+    thread.join(10)

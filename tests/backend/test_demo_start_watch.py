@@ -4,15 +4,13 @@ waits longer before each next run (backend/demo.py, StartWatch)."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import TOKEN, free_port, wait_for
+from tests.support import TOKEN, free_port
 from trainguard.backend import demo
 from trainguard.protocol import wire
 
@@ -26,35 +24,19 @@ CLOSED = (
 
 @pytest.fixture
 def client(make_client: Any) -> Any:
-    return make_client()
-
-
-@pytest.fixture
-def live_url(client: Any) -> Iterator[str]:
-    import uvicorn
-
+    """demo-2 trained: one rank reported a step."""
+    client = make_client()
+    now = time.time()
     batch = wire.Batch(
         node="n1",
         agent_id="agent000001",
         seq=1,
-        sent_at=time.time(),
+        sent_at=now,
         ranks=[wire.RankStatus(job="demo-2", rank=0, pid=100, world_size=1)],
-        steps=[
-            wire.StepReport(job="demo-2", rank=0, step=0, start=time.time() - 1, end=time.time())
-        ],
+        steps=[wire.StepReport(job="demo-2", rank=0, step=0, start=now - 1, end=now)],
     )
     assert client.post("/api/v1/ingest", content=wire.encode(batch)).status_code == 200
-    server = uvicorn.Server(
-        uvicorn.Config(
-            client.app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 10, 0.02)
-    yield f"http://127.0.0.1:{server.config.port}"
-    server.should_exit = True
-    thread.join(10)
+    return client
 
 
 def failed_run(tmp_path: Path, name: str) -> Path:

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from tests.support import free_port, wait_for
 from trainguard.backend.tokens import service
 from trainguard.protocol import wire
 
@@ -48,21 +44,3 @@ def tokens(db_url: str) -> Tokens:
         session.commit()
     engine.dispose()
     return Tokens(*made)
-
-
-@pytest.fixture
-def live_url(make_client: Any) -> Iterator[str]:
-    """The app under a real uvicorn on a loopback port (for what TestClient cannot do,
-    such as reading the start of a stream that never ends)."""
-    import uvicorn
-
-    app = make_client().app
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 10, 0.02)
-    yield f"http://127.0.0.1:{server.config.port}"
-    server.should_exit = True
-    thread.join(10)
