@@ -114,7 +114,8 @@ def attach(
     """Attach this process to the node agent; arguments override the environment: the
     job and its display name (job_identity: TRAINGUARD_JOB, Slurm, the launcher's run
     id ...), RANK, LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, the launcher
-    (launcher_from_env) and its restart budget (restart_budget_from_env), the socket (TRAINGUARD_AGENT_SOCKET, else the well-known ones).
+    (launcher_from_env) and its restart budget (restart_budget_from_env), the socket
+    (TRAINGUARD_AGENT_SOCKET, else the well-known ones).
     `in_process=True` declares that NVRx's inprocess.Wrapper runs the training function
     (None: detected, see under_wrapper). A missing agent is not an error: it is said
     once on stderr and training goes on."""
