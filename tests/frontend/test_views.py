@@ -316,6 +316,54 @@ def test_the_restart_dialog_offers_only_the_jobs_levels_and_says_why_one_is_refu
         feed.stop()
 
 
+def test_the_job_page_shows_the_launchers_restarts_left_and_the_dialog_offers_the_force(
+    signed_in: Page, cluster: Cluster, screenshot: Screenshot
+) -> None:
+    name = "budget-job"
+    seed = JobSeed(
+        name,
+        ["budget-node-1"],
+        ranks_per_node=2,
+        steps=20,
+        slow_rank=None,
+        in_process=False,
+        launcher="torchrun",
+        max_restarts=3,
+        restart_count=2,
+    )
+    feed = JobFeed(cluster, seed, step=20)
+    feed.start()
+    try:
+        cluster.wait(
+            lambda: cluster.api(f"jobs/{name}")["restarts_left"] == 1, "no budget arrived"
+        )
+        page = signed_in
+        page.goto(f"{cluster.url}/#/jobs/{name}")
+        left = page.locator('#capabilities [data-field="restarts-left"]')
+        expect(left).to_have_attribute("data-left", "1")
+        expect(left).to_contain_text("1 of 3")
+        expect(left).to_contain_text("needs force")
+        page.get_by_role("button", name="Restart…").click()
+        dialog = page.get_by_role("dialog")
+        force = dialog.get_by_label("Use the launcher's last restart anyway (force)")
+        expect(force).to_be_hidden()  # offered only once the server refuses
+        dialog.get_by_label("Reason").fill("browser test: the last launcher restart")
+        dialog.get_by_role("button", name="Restart").click()
+        message = dialog.locator(".dialog-message")
+        expect(message).to_contain_text("the launcher allows 3 restarts")
+        expect(message).to_contain_text("--max-restarts")
+        expect(force).to_be_visible()
+        screenshot(page, "job-restart-budget")
+        assert cluster.api(f"incidents?job={name}") == []  # refused: nothing changed
+        force.check()
+        dialog.get_by_role("button", name="Restart").click()
+        expect(page).to_have_url(re.compile(r"#/incidents/\d+$"))
+        (inc,) = cluster.api(f"incidents?job={name}")
+        assert inc["level"] == "launcher" and "forced" in inc["decisions"][-1]["why"]
+    finally:
+        feed.stop()
+
+
 def test_the_ranks_that_run_without_the_wrapper_are_named_on_the_job_page(
     signed_in: Page, cluster: Cluster
 ) -> None:
