@@ -250,9 +250,9 @@ class Decider(Actions):
             notes.append("no launcher respawns the job's ranks: stop_job")
             level = "stop_job"
         if level == "launcher" and "in_process" in caps["levels"]:
-            budget = q.launcher_budget(session, job.id, now - self.fresh_within_s)
-            if _last_restart(budget) and not self._ladder_passed(session, job, now, "in_process"):
-                notes.append(f"{incidents.budget_text(budget)}: in_process instead")
+            launcher = q.launcher_budget(session, job.id, now - self.fresh_within_s)
+            if _last_restart(launcher) and not self._ladder_passed(session, job, now, "in_process"):
+                notes.append(f"{incidents.budget_text(launcher)}: in_process instead")
                 level = "in_process"
         budget = self.policy.model.limits.budget_per_hour
         if level != "stop_job":

@@ -334,9 +334,7 @@ def test_the_job_page_shows_the_launchers_restarts_left_and_the_dialog_offers_th
     feed = JobFeed(cluster, seed, step=20)
     feed.start()
     try:
-        cluster.wait(
-            lambda: cluster.api(f"jobs/{name}")["restarts_left"] == 1, "no budget arrived"
-        )
+        cluster.wait(lambda: cluster.api(f"jobs/{name}")["restarts_left"] == 1, "no budget arrived")
         page = signed_in
         page.goto(f"{cluster.url}/#/jobs/{name}")
         left = page.locator('#capabilities [data-field="restarts-left"]')
