@@ -152,3 +152,29 @@ def test_with_restarts_to_spare_a_rank_exit_gets_a_launcher_restart(make_cluster
     c.decide()
     (inc,) = c.incidents("job")
     assert (inc["level"], inc["status"]) == ("launcher", "open")
+
+
+def test_a_held_restart_the_launcher_did_by_itself_resolves(make_cluster: Any) -> None:
+    # Plain torchrun restarts its workers after a rank death by itself (with its last
+    # restart): the held incident must not wait for an operator any more.
+    c = make_cluster()
+    _job(c, used=2)
+    c.event("n1", "rank_exit", job="job", rank=1, data={"signal": 9})
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "pending"
+    c.clock.advance(5)
+    c.post(
+        "n1",
+        steps=[
+            wire.StepReport(
+                job="job", rank=r, step=11, start=c.clock.t - 1, end=c.clock.t, attempt=3
+            )
+            for r in (0, 1)
+        ],
+    )
+    c.clock.advance(1)
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "resolved" and inc["commands"] == [], inc
+    assert "recovered by itself" in inc["outcome"]
