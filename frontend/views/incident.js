@@ -89,7 +89,7 @@ export function mount(root, ctx) {
       inc.status === "pending"
         ? h(
             "div",
-            { class: `pending-box${held ? " breaker-box" : ""}`, role: "note", dataset: { held: held ? "breaker" : "dry_run" } },
+            { class: `pending-box${held ? " breaker-box" : ""}`, role: "note", dataset: { held: held ? "breaker" : budgetHold(inc) ? "budget" : "dry_run" } },
             h("strong", {}, held ? "Held by the breaker. " : budgetHold(inc) ? "Held: the launcher's last restart. " : "Awaiting an operator. "),
             pendingWhy(inc),
             held

@@ -391,8 +391,13 @@ def test_a_fault_that_would_use_the_launchers_last_restart_waits_for_an_operator
         )
         assert held["decisions"][-1]["mode"] == "budget" and held["commands"] == [], held
         page = signed_in
+        page.goto(cluster.url + "/#/incidents")
+        item = page.locator(f'.pending-item[data-incident="{held["id"]}"]')
+        expect(item).to_have_attribute("data-held", "budget")
+        expect(item).to_contain_text("Held for the launcher's last restart")
         page.goto(f"{cluster.url}/#/incidents/{held['id']}")
         box = page.locator(".pending-box")
+        expect(box).to_have_attribute("data-held", "budget")
         expect(box).to_contain_text("Held: the launcher's last restart")
         expect(box).to_contain_text("the launcher allows 3 restarts")
         page.get_by_role("button", name="Approve…").click()
