@@ -72,6 +72,10 @@ def test_launcher_matrix(cell: Cell, tmp_path: Path) -> None:
         ranks = stack.ranks()
         assert {r["in_process"] for r in ranks if r["alive"]} == {cell.wrapper}
         assert {r["launcher"] for r in ranks if r["alive"]} == {cell.launcher}
+        # the launcher's budget, as its workers' environment says (issue 33)
+        assert {r["max_restarts"] for r in ranks if r["alive"]} == {stack.max_restarts}
+        job = stack.get(f"/jobs/{stack.job}")
+        assert job["restarts_left"] == stack.max_restarts - job["restart_count"] >= 1, job
         assert_outcomes(stack, outcomes)
     except BaseException:
         print(stack.logs())
