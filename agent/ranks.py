@@ -6,9 +6,9 @@ started registers at its next heartbeat. Its other messages are matched to it by
 socket address it sends from. `RankTable.apply` turns each typed message into the
 rank's state and the wire records (`Event`s, `StepReport`s) in the agent's outbox.
 
-What a rank declares (launcher, in_process, display name) goes on every RankStatus; a
-value the HTTP wire would refuse is dropped here, so one odd rank cannot get its node's
-batches refused.
+What a rank declares (launcher, in_process, display name, its launcher's restart budget)
+goes on every RankStatus; a value the HTTP wire would refuse is dropped here, so one odd
+rank cannot get its node's batches refused.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ class RankRecord:
     launcher: str | None = None
     in_process: bool | None = None
     display_name: str | None = None
+    max_restarts: int | None = None  # the launcher's restart budget (--max-restarts)
+    restart_count: int | None = None  # the restarts of it used
     hang_reported: bool = False
     in_checkpoint: bool = False
     restarting: bool = False  # an exception was reported; no hang checks until re-entry
@@ -91,6 +93,12 @@ def _wire_name(value: str | None) -> str | None:
         return msgspec.convert(value, Name)
     except msgspec.ValidationError:
         return None
+
+
+def _count(value: Any) -> int | None:
+    """`value` when the HTTP wire accepts it as a restart count, else None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**31 - 1
+    return value if ok else None
 
 
 class RankTable:
@@ -217,6 +225,10 @@ class RankTable:
             rec.in_process = msg.in_process if isinstance(msg.in_process, bool) else None
         if msg.display_name is not UNSET:
             rec.display_name = _wire_name(msg.display_name)
+        if msg.max_restarts is not UNSET:
+            rec.max_restarts = _count(msg.max_restarts)
+        if msg.restart_count is not UNSET:
+            rec.restart_count = _count(msg.restart_count)
 
     def apply(self, rec: RankRecord, msg: Message) -> None:
         """A message about what the rank does, by its type."""
@@ -358,6 +370,8 @@ class RankTable:
                 in_process=r.in_process,
                 launcher=r.launcher,  # type: ignore[arg-type]  # _declared keeps only LAUNCHERS
                 display_name=r.display_name,
+                max_restarts=r.max_restarts,
+                restart_count=r.restart_count,
             )
             for r in recs
         ][:1024]

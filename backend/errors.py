@@ -15,9 +15,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 class DomainError(Exception):
     status_code = 400
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.code = code  # a stable name for clients that act on this refusal
 
 
 class NotFound(DomainError):
@@ -41,6 +42,11 @@ class ErrorBody(BaseModel):
     detail: str = Field(description="what is wrong, in words (naming the field for a 422)")
     errors: list[FieldError] | None = Field(
         default=None, description="422 on request validation only: the field errors"
+    )
+    code: str | None = Field(
+        default=None,
+        description="a stable name of a refusal a client may act on, e.g. restart_budget "
+        "(409: a launcher restart would use the launcher's last one; resend with force)",
     )
 
 
@@ -121,7 +127,10 @@ AGENT = (401, 403, 503)
 def install(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+        body: dict[str, Any] = {"detail": exc.message}
+        if exc.code is not None:
+            body["code"] = exc.code
+        return JSONResponse(body, status_code=exc.status_code)
 
     @app.exception_handler(OperationalError)
     async def _db_down(_: Request, exc: OperationalError) -> JSONResponse:

@@ -59,12 +59,13 @@ export function canOperate() {
 }
 
 export class ApiError extends Error {
-  constructor(status, detail, path) {
+  constructor(status, detail, path, code = null) {
     super(status ? `${status} ${detail}` : detail);
     this.name = "ApiError";
     this.status = status; // 0: the server could not be reached
     this.detail = detail;
     this.path = path;
+    this.code = code; // a refusal a client may act on (e.g. "restart_budget"), or null
   }
 }
 
@@ -100,13 +101,15 @@ function apiUrl(path, params) {
   return url;
 }
 
-async function errorDetail(response) {
+/** {detail, code} of an error answer (code: the API's name for the refusal, or null). */
+async function errorBody(response) {
   try {
     const body = await response.json();
-    if (typeof body?.detail === "string") return body.detail;
-    return JSON.stringify(body?.detail ?? body);
+    const code = typeof body?.code === "string" ? body.code : null;
+    if (typeof body?.detail === "string") return { detail: body.detail, code };
+    return { detail: JSON.stringify(body?.detail ?? body), code };
   } catch {
-    return response.statusText || "error";
+    return { detail: response.statusText || "error", code: null };
   }
 }
 
@@ -136,7 +139,8 @@ async function send(method, path, { params, body, signal, token } = {}) {
     throw new ApiError(0, "the server cannot be reached", path);
   }
   if (!response.ok) {
-    const error = new ApiError(response.status, await errorDetail(response), path);
+    const { detail, code } = await errorBody(response);
+    const error = new ApiError(response.status, detail, path, code);
     if (response.status === 401 && token === undefined) {
       for (const fn of unauthorizedListeners) fn(error);
     }

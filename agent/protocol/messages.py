@@ -70,6 +70,10 @@ class Identity(Message):
     display_name: str | UnsetType | None = UNSET
     launcher: str | UnsetType | None = UNSET
     in_process: Any = UNSET
+    # The launcher's restart budget as it put it in the worker's environment
+    # (TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RESTART_COUNT); None: no such launcher.
+    max_restarts: Any = UNSET
+    restart_count: Any = UNSET
 
 
 class Hello(Identity, tag="hello"):

@@ -158,6 +158,10 @@ class RankStatus(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True,
     in_process: bool | None = None  # True only when NVRx's inprocess.Wrapper runs it
     launcher: Launcher | None = None
     display_name: Name | None = None  # the job's readable name (script + short id)
+    # The launcher's restart budget (torchrun/ft_launcher's --max-restarts) and the
+    # restarts it has used, as the workers' environment says (None: unknown).
+    max_restarts: Count32 | None = None
+    restart_count: Count32 | None = None
 
 
 class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -50,11 +50,13 @@ from trainguard.sdk.discovery import (
 )
 from trainguard.sdk.identity import (
     JobIdentity,
+    RestartBudget,
     env_int,
     in_process_blocker,
     job_identity,
     launcher_from_env,
     nvml_missing,
+    restart_budget_from_env,
     running_wrapper,
     shared_store_warning,
     under_wrapper,
@@ -70,6 +72,7 @@ __all__ = [
     "SOCKET_ENV",
     "SOCKET_NAME",
     "JobIdentity",
+    "RestartBudget",
     "RestartRequested",
     "Session",
     "attach",
@@ -81,6 +84,7 @@ __all__ = [
     "launcher_from_env",
     "nvml_missing",
     "probe_socket",
+    "restart_budget_from_env",
     "running_wrapper",
     "shared_store_warning",
     "socket_candidates",
@@ -110,7 +114,8 @@ def attach(
     """Attach this process to the node agent; arguments override the environment: the
     job and its display name (job_identity: TRAINGUARD_JOB, Slurm, the launcher's run
     id ...), RANK, LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, the launcher
-    (launcher_from_env), the socket (TRAINGUARD_AGENT_SOCKET, else the well-known ones).
+    (launcher_from_env) and its restart budget (restart_budget_from_env), the socket
+    (TRAINGUARD_AGENT_SOCKET, else the well-known ones).
     `in_process=True` declares that NVRx's inprocess.Wrapper runs the training function
     (None: detected, see under_wrapper). A missing agent is not an error: it is said
     once on stderr and training goes on."""
@@ -124,6 +129,7 @@ def attach(
     elif display_name:
         ident = ident._replace(display_name=wire_name(display_name))
     local = local_rank if local_rank is not None else env_int("LOCAL_RANK", 0)
+    budget = restart_budget_from_env()
     found: str | None = socket_path
     if socket_path:
         why = probe_socket(socket_path)
@@ -144,6 +150,8 @@ def attach(
         display_name=ident.display_name,
         launcher=launcher or ident.launcher,
         in_process=in_process,
+        max_restarts=budget.max_restarts,
+        restart_count=budget.restart_count,
         discover=not socket_path and not os.environ.get(SOCKET_ENV, "").strip(),
     )
     hooks.install(_live)

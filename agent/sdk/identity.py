@@ -52,6 +52,32 @@ def launcher_from_env(env: Mapping[str, str] | None = None) -> str:
     return "none"
 
 
+class RestartBudget(NamedTuple):
+    """The launcher's restart budget as it tells its workers: `--max-restarts` and the
+    restarts it has used (None: not started by torchrun or ft_launcher)."""
+
+    max_restarts: int | None
+    restart_count: int | None
+
+
+def restart_budget_from_env(env: Mapping[str, str] | None = None) -> RestartBudget:
+    """torchrun and ft_launcher put TORCHELASTIC_MAX_RESTARTS (`--max-restarts`, the
+    whole job's budget: faults and operator restarts alike) and
+    TORCHELASTIC_RESTART_COUNT (max_restarts minus the restarts it has left) in every
+    worker's environment (torch `LocalElasticAgent._start_workers`); a value that is
+    absent or no count is None."""
+    env = os.environ if env is None else env
+
+    def count(name: str) -> int | None:
+        try:
+            value = int(env.get(name, ""))
+        except ValueError:
+            return None
+        return value if 0 <= value <= 2**31 - 1 else None
+
+    return RestartBudget(count("TORCHELASTIC_MAX_RESTARTS"), count("TORCHELASTIC_RESTART_COUNT"))
+
+
 def shared_store_warning(env: Mapping[str, str] | None = None) -> str:
     """A line for workers that torchrun restarts on the rendezvous store of the previous
     generation, "" otherwise. torch 2.13's elastic agent keeps one TCPStore for the life

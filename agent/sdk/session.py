@@ -115,6 +115,8 @@ class Session:
         display_name: str | None = None,
         launcher: str = "none",
         in_process: bool | None = None,
+        max_restarts: int | None = None,
+        restart_count: int | None = None,
         discover: bool = False,
     ) -> None:
         """`socket_path` None: no agent known yet; with `discover`, the heartbeat thread
@@ -125,6 +127,9 @@ class Session:
         self.job = job
         self.display_name = display_name or job
         self.launcher = launcher
+        # The launcher's restart budget (its --max-restarts) and the restarts it used.
+        self.max_restarts = max_restarts
+        self.restart_count = restart_count
         self._detect_wrapper = in_process is None
         self.local_rank = local_rank
         self.in_process = bool(in_process) or (
@@ -216,6 +221,8 @@ class Session:
             display_name=self.display_name,
             launcher=self.launcher,
             in_process=self.in_process,
+            max_restarts=self.max_restarts,
+            restart_count=self.restart_count,
             ts=time.time(),
             **extra,
         )

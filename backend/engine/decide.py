@@ -25,6 +25,9 @@ from trainguard.backend.models.control import ACTIVE_STATUSES, IncidentEvidence
 log = logging.getLogger(__name__)
 
 HOUR_S = 3600.0
+# The levels that end the job's workers for their launcher to respawn: each uses one of
+# the launcher's restarts (--max-restarts).
+BUDGET_LEVELS = frozenset({"launcher", "reset_gpu", "exclude_node"})
 __all__ = ["ENGINE_ACTOR", "Decider"]
 
 
@@ -246,6 +249,11 @@ class Decider(Actions):
         if level == "launcher" and "launcher" not in caps["levels"]:
             notes.append("no launcher respawns the job's ranks: stop_job")
             level = "stop_job"
+        if level == "launcher" and "in_process" in caps["levels"]:
+            launcher = q.launcher_budget(session, job.id, now - self.fresh_within_s)
+            if _last_restart(launcher) and not self._ladder_passed(session, job, now, "in_process"):
+                notes.append(f"{incidents.budget_text(launcher)}: in_process instead")
+                level = "in_process"
         budget = self.policy.model.limits.budget_per_hour
         if level != "stop_job":
             spent = q.actions_since(session, job.id, now - HOUR_S, None)
@@ -253,6 +261,45 @@ class Decider(Actions):
                 notes.append(f"restart budget spent ({spent} of {budget} in the last hour)")
                 level = "stop_job"
         return level, notes
+
+    def _ladder_passed(self, session: Session, job: Job, now: float, level: str) -> bool:
+        """Whether the escalation ladder has climbed past `level` for this job."""
+        limit = self.policy.escalate_after(level)
+        window = self.policy.model.escalation.window_s
+        return limit is not None and q.actions_since(session, job.id, now - window, level) >= limit
+
+    def _budget_held(self, session: Session, inc: Incident, job: Job, level: str, why: str) -> bool:
+        """The launcher's restart budget: a decision that would end the job's workers for
+        its launcher to respawn (launcher, reset_gpu, exclude_node) with one launcher
+        restart left or none waits for an operator (pending; approving it carries it
+        out, using the last one). An escalation during an action already taken goes on:
+        its launcher restarts the ranks that died anyway."""
+        if level not in BUDGET_LEVELS or inc.acted_at is not None:
+            return False
+        budget = q.launcher_budget(session, job.id, self.clock() - self.fresh_within_s)
+        if not _last_restart(budget):
+            return False
+        now = self.clock()
+        text = incidents.budget_text(budget)
+        incidents.hold(
+            session,
+            inc,
+            now,
+            f"{level} restart waits for an operator: {text} (approve to use it, or relaunch "
+            "the job with a larger --max-restarts)",
+            {
+                "at": now,
+                "level": level,
+                "why": f"{why}; held: {text}",
+                "by": ENGINE_ACTOR,
+                "mode": "budget",
+                "restart": False,
+            },
+            level=level,
+        )
+        log.warning("ALERT incident %d: %s", inc.id, inc.outcome)
+        self._count("budget_held")
+        return True
 
     def recovered_itself(self, session: Session, inc: Incident) -> bool:
         """Resolve an incident not acted on yet whose job restarted by itself (NVRx's
@@ -320,4 +367,12 @@ class Decider(Actions):
             )
             self._count("deferred")
             return
+        if self._budget_held(session, inc, job, level, why):
+            return
         self.act(session, inc, job, level, why, by=ENGINE_ACTOR, mode="auto")
+
+
+def _last_restart(budget: dict[str, int | None]) -> bool:
+    """One launcher restart left, or none (known from the job's live ranks)."""
+    left = budget["restarts_left"]
+    return left is not None and left <= incidents.LAST_LAUNCHER_RESTART

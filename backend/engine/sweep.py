@@ -89,12 +89,13 @@ def silent_nodes(
 
 
 def self_recovered(d: Decider, session: Session, now: float) -> None:
-    """Incidents still waiting for their cooldown whose job restarted by itself (NVRx's
-    Wrapper, its launcher) and made a step: resolved, nothing is sent."""
+    """Incidents still waiting for their cooldown, or held for the launcher's last
+    restart, whose job restarted by itself (NVRx's Wrapper, its launcher) and made a
+    step: resolved, nothing is sent."""
     rows = session.scalars(
         select(Incident)
         .where(
-            Incident.status == "open",
+            Incident.status.in_(("open", "pending")),
             Incident.acted_at.is_(None),
             Incident.cause.in_(JOB_CAUSES),
             Incident.created_at >= now - LOOKBACK_S,
@@ -103,7 +104,14 @@ def self_recovered(d: Decider, session: Session, now: float) -> None:
         .execution_options(populate_existing=True)
     ).all()
     for inc in rows:
+        if inc.status == "pending" and not budget_held(inc):
+            continue  # a dry-run recommendation, or the breaker's: an operator answers it
         d.recovered_itself(session, inc)
+
+
+def budget_held(inc: Incident) -> bool:
+    """Held by the engine for the launcher's last restart (decide.Decider._budget_held)."""
+    return bool(inc.decisions) and inc.decisions[-1].get("mode") == "budget"
 
 
 def due_incidents(d: Decider, session: Session, now: float) -> None:

@@ -24,7 +24,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.engine.evidence import Evidence
-from trainguard.backend.engine.queries import capabilities, first_step_after, steps_redone
+from trainguard.backend.engine.queries import (
+    capabilities,
+    first_step_after,
+    launcher_budget,
+    steps_redone,
+)
 from trainguard.backend.errors import Conflict, NotFound
 from trainguard.backend.incidents import reads
 from trainguard.backend.incidents.publish import changed
@@ -175,9 +180,18 @@ def defer(session: Session, inc: Incident, until: float, why: str, outcome: str)
     changed(session, inc)
 
 
-def hold(session: Session, inc: Incident, now: float, outcome: str, entry: dict[str, Any]) -> None:
-    """An exclusion held by the breaker: pending until an operator approves or rejects."""
-    inc.level = "exclude_node"
+def hold(
+    session: Session,
+    inc: Incident,
+    now: float,
+    outcome: str,
+    entry: dict[str, Any],
+    level: str = "exclude_node",
+) -> None:
+    """A decision held for an operator (an exclusion past the breaker's cap, a restart
+    that would use the launcher's last one): pending until an operator approves or
+    rejects."""
+    inc.level = level
     inc.status = "pending"
     inc.decided_at = inc.decided_at or now
     inc.not_before = None
@@ -322,10 +336,17 @@ def issue_commands(
 
 
 def manual_restart(
-    session: Session, job: Job, level: str, reason: str, actor: str, fresh_within_s: float
+    session: Session,
+    job: Job,
+    level: str,
+    reason: str,
+    actor: str,
+    fresh_within_s: float,
+    force: bool = False,
 ) -> Incident:
     """An operator's restart: an incident opened and acted on at once, at `level`, on
-    every node with live ranks of the job (audited)."""
+    every node with live ranks of the job (audited). A launcher restart that would use
+    the launcher's last restart (restarts left <= 1) is refused unless `force`."""
     ranks = live_ranks(session, job, fresh_within_s)
     if not ranks:
         raise Conflict(f"job {job.name!r} has no live ranks to restart")
@@ -335,6 +356,17 @@ def manual_restart(
         raise Conflict(
             f"job {job.name!r} cannot carry out {_a(level)} {level} restart: {why_not(level, caps)}"
         )
+    if level == "launcher":
+        budget = launcher_budget(session, job.id, now - fresh_within_s)
+        left = budget["restarts_left"]
+        if left is not None and left <= LAST_LAUNCHER_RESTART:
+            if not force:
+                raise Conflict(
+                    f"job {job.name!r}: {budget_text(budget)}; relaunch the job with a larger "
+                    "--max-restarts to raise the budget, or send force: true to use it anyway",
+                    code=RESTART_BUDGET,
+                )
+            reason = f"{reason} (forced: {budget_text(budget)})"
     inc = open_incident(
         session,
         job,
@@ -414,6 +446,27 @@ def launch_failure(session: Session, job_name: str, reason: str, actor: str) -> 
 def _a(word: str) -> str:
     """The indefinite article before a level's name: an in_process, a launcher."""
     return "an" if word[:1] in "aeiou" else "a"
+
+
+# The launcher's restart budget (--max-restarts, shared by faults and operator restarts):
+# a launcher restart with this many left or fewer uses its last one, and the next worker
+# failure ends the job. The engine holds there too (engine/decide.py).
+LAST_LAUNCHER_RESTART = 1
+RESTART_BUDGET = "restart_budget"  # the code of the 409 that a force overrides
+
+
+def budget_text(budget: Mapping[str, int | None]) -> str:
+    """The launcher's budget in words, for a refusal or a decision."""
+    most, used, left = budget["max_restarts"], budget["restart_count"], budget["restarts_left"]
+    head = f"the launcher allows {most} restarts (--max-restarts) and has used {used}"
+    if left == 0:
+        return f"{head}: none is left, a launcher restart ends the job (the launcher gives up)"
+    if left == 1:
+        return (
+            f"{head}: a launcher restart would use the last one, "
+            "and the next worker failure after it ends the job"
+        )
+    return f"{head}: {left} left"
 
 
 def why_not(level: str, caps: dict[str, Any]) -> str:

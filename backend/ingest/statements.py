@@ -563,6 +563,8 @@ class BulkStatements:
                     # Declared by the SDK (wire fields added with it; None from older agents).
                     "in_process": getattr(r, "in_process", None),
                     "launcher": getattr(r, "launcher", None),
+                    "max_restarts": r.max_restarts,
+                    "restart_count": r.restart_count,
                 }
         if ranks:
             stmt = self._insert_ignore(Rank)

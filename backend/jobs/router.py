@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
 from trainguard.backend.db import SessionDep
-from trainguard.backend.engine.queries import capabilities
+from trainguard.backend.engine.queries import capabilities, launcher_budget
 from trainguard.backend.incidents import publish, reads
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.incidents.schemas import Incident
@@ -40,7 +40,9 @@ def get_job(job: JobName, request: Request, session: SessionDep, _: ViewerDep) -
     out = service.job_dict(j)
     out["ranks"] = service.ranks(session, j)
     fresh = request.app.state.settings.node_down_after_s
-    out["capabilities"] = capabilities(session, j.id, time.time() - fresh)
+    since = time.time() - fresh
+    out["capabilities"] = capabilities(session, j.id, since)
+    out.update(launcher_budget(session, j.id, since))
     return JobDetail.model_validate(out)
 
 
@@ -71,7 +73,8 @@ def job_steps(
         409,
         422,
         _404="unknown job",
-        _409="no live ranks, or a level the job cannot carry out",
+        _409="no live ranks, a level the job cannot carry out, or a launcher restart that "
+        "would use the launcher's last restart without force (code: restart_budget)",
     ),
 )
 def restart_job(
@@ -85,6 +88,7 @@ def restart_job(
         reason=body.reason,
         actor=who.name,
         fresh_within_s=request.app.state.settings.node_down_after_s,
+        force=body.force,
     )
     publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     request.app.state.commands_notifier.notify()

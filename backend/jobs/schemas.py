@@ -36,6 +36,8 @@ class Rank(BaseModel):
     updated_at: float
     in_process: bool | None
     launcher: str | None
+    max_restarts: int | None
+    restart_count: int | None
 
 
 class Capabilities(BaseModel):
@@ -49,6 +51,18 @@ class Capabilities(BaseModel):
 class JobDetail(Job):
     ranks: list[Rank]
     capabilities: Capabilities
+    # The launcher's restart budget, from the live ranks (engine.queries.launcher_budget):
+    # its --max-restarts, the restarts used, and what is left (None: not declared).
+    # Faults and operator restarts at level launcher share it.
+    max_restarts: int | None = Field(
+        description="the launcher's --max-restarts: the job's whole budget of launcher "
+        "restarts, shared by faults and operator restarts (None: unknown)"
+    )
+    restart_count: int | None = Field(description="launcher restarts used so far (None: unknown)")
+    restarts_left: int | None = Field(
+        description="max_restarts - restart_count of the live rank with the fewest left; "
+        "at 0 the next worker failure ends the job (None: unknown)"
+    )
 
 
 class StepColumns(BaseModel):
@@ -69,6 +83,11 @@ class RestartRequest(BaseModel):
     model_config = {"extra": "forbid"}
     level: Literal["in_process", "launcher"]
     reason: str = Field(min_length=1, max_length=500)
+    force: bool = Field(
+        default=False,
+        description="a launcher restart that would use the launcher's last restart (or "
+        "one it no longer has) is refused with 409 unless this is true",
+    )
 
 
 class LaunchFailure(BaseModel):

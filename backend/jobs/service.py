@@ -108,6 +108,8 @@ def ranks(session: Session, job: Job) -> list[dict[str, Any]]:
             "updated_at": r.updated_at,
             "in_process": r.in_process,
             "launcher": r.launcher,
+            "max_restarts": r.max_restarts,
+            "restart_count": r.restart_count,
         }
         for r, name in rows
     ]

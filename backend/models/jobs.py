@@ -66,6 +66,10 @@ class Rank(Base):
     # in_process only under NVRx's inprocess.Wrapper; the launcher that respawns it.
     in_process: Mapped[bool | None] = mapped_column(Boolean)
     launcher: Mapped[str | None] = mapped_column(String(16))
+    # The launcher's restart budget (--max-restarts) and the restarts of it used, as the
+    # rank's environment says (None: unknown).
+    max_restarts: Mapped[int | None] = mapped_column(Integer)
+    restart_count: Mapped[int | None] = mapped_column(Integer)
 
 
 class Step(Base):

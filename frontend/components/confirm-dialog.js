@@ -21,10 +21,11 @@ function sentence(text) {
 
 /**
  * confirmDialog({title, text, confirmLabel, danger, fields, action, onRefused, signal})
- * fields: [{name, label, kind: "textarea" | "select", options: [[value, label]], value,
- *           required, help}]
+ * fields: [{name, label, kind: "textarea" | "select" | "checkbox", options: [[value, label]],
+ *           value, required, help, hidden}]
  * action(values) -> result: may throw; its message is shown in the dialog (a 409 as the
- * server's reason) and onRefused(error) is called, e.g. to re-read what changed.
+ * server's reason) and onRefused(error, {reveal}) is called, e.g. to re-read what changed
+ * or to reveal(name) a hidden field the refusal offers (a checkbox's value is a boolean).
  * Resolves to the action's result, or null when cancelled.
  */
 export function confirmDialog({
@@ -39,10 +40,13 @@ export function confirmDialog({
 }) {
   return new Promise((resolve) => {
     const inputs = new Map();
+    const rowOf = new Map();
     const rows = fields.map((field) => {
       const id = `dlg-${field.name}`;
       let input;
-      if (field.kind === "select") {
+      if (field.kind === "checkbox") {
+        input = h("input", { type: "checkbox", id, name: field.name, checked: Boolean(field.value) });
+      } else if (field.kind === "select") {
         input = h(
           "select",
           { id, name: field.name },
@@ -63,14 +67,20 @@ export function confirmDialog({
       }
       inputs.set(field.name, input);
       if (field.help) input.setAttribute("aria-describedby", `${id}-help`);
-      return h(
-        "div",
-        { class: "field" },
-        h("label", { for: id }, field.label),
-        input,
-        field.help ? h("p", { class: "muted field-help", id: `${id}-help` }, field.help) : null,
-      );
+      const help = field.help ? h("p", { class: "muted field-help", id: `${id}-help` }, field.help) : null;
+      const row =
+        field.kind === "checkbox"
+          ? h("div", { class: "field field-check", hidden: Boolean(field.hidden) }, h("label", { for: id }, input, " ", field.label), help)
+          : h("div", { class: "field", hidden: Boolean(field.hidden) }, h("label", { for: id }, field.label), input, help);
+      rowOf.set(field.name, row);
+      return row;
     });
+    const reveal = (name) => {
+      const row = rowOf.get(name);
+      if (!row) return;
+      row.hidden = false;
+      inputs.get(name).focus();
+    };
     const message = h("p", { class: "dialog-message", role: "alert" });
     const cancel = h("button", { type: "button", class: "btn" }, "Cancel");
     const confirm = h(
@@ -109,7 +119,9 @@ export function confirmDialog({
     });
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
-      const values = Object.fromEntries([...inputs].map(([name, el]) => [name, el.value.trim()]));
+      const values = Object.fromEntries(
+        [...inputs].map(([name, el]) => [name, el.type === "checkbox" ? el.checked : el.value.trim()]),
+      );
       const empty = fields.find((f) => f.required && !values[f.name]);
       if (empty) {
         message.textContent = `${empty.label}: required.`;
@@ -125,7 +137,7 @@ export function confirmDialog({
       } catch (error) {
         if (error.name === "AbortError") return finish(null);
         message.textContent = refusal(error);
-        onRefused?.(error);
+        onRefused?.(error, { reveal });
         confirm.disabled = false;
         cancel.disabled = false;
       }

@@ -12,11 +12,23 @@ export function breakerHold(incident) {
   return last?.mode === "breaker" ? last : null;
 }
 
-/** Why a pending incident waits, in words: the breaker's outcome, or the dry-run mode. */
+/** The decision that holds a pending incident because its restart would use the
+ * launcher's last restart (--max-restarts), else null. */
+export function budgetHold(incident) {
+  if (incident?.status !== "pending") return null;
+  const last = (incident.decisions ?? []).at(-1);
+  return last?.mode === "budget" ? last : null;
+}
+
+/** Why a pending incident waits, in words: the breaker's or the budget's outcome, or the
+ * dry-run mode. */
 export function pendingWhy(incident) {
   const held = breakerHold(incident);
   if (held) {
     return incident.outcome || `the breaker held the exclusion of ${held.node ?? "its node"}`;
+  }
+  if (budgetHold(incident)) {
+    return incident.outcome || "the restart would use the launcher's last restart (--max-restarts)";
   }
   return "dry-run mode: the engine only recommends";
 }
@@ -30,7 +42,9 @@ export function decide(incident, verdict, signal) {
     text: approve
       ? held
         ? `The engine will cordon ${node ?? "the node"} and restart job ${incident.job} without it, past the breaker's cap.`
-        : `The engine will carry out "${incident.level}" on job ${incident.job}.`
+        : budgetHold(incident)
+          ? `The engine will carry out "${incident.level}" on job ${incident.job}, using the launcher's last restart: after it, the next worker failure ends the job.`
+          : `The engine will carry out "${incident.level}" on job ${incident.job}.`
       : held
         ? `${node ?? "The node"} is not cordoned; the incident is closed as rejected.`
         : "Nothing is done; the incident is closed as rejected.",

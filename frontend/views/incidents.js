@@ -9,7 +9,7 @@
 import { apiGet, apiGetPage, isMissingRoute } from "../api.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import { duration, timeEl } from "../lib/format.js";
-import { breakerHold, decisionButtons, pendingWhy } from "../lib/approvals.js";
+import { breakerHold, budgetHold, decisionButtons, pendingWhy } from "../lib/approvals.js";
 import { reachedPhase, recoveredByItself, statusTag } from "../lib/incidents.js";
 import { table } from "../lib/panels.js";
 
@@ -212,10 +212,10 @@ export function mount(root, ctx) {
                   "li",
                   {
                     class: "incident-item pending-item",
-                    dataset: { incident: String(i.id), held: breakerHold(i) ? "breaker" : "dry_run" },
+                    dataset: { incident: String(i.id), held: breakerHold(i) ? "breaker" : budgetHold(i) ? "budget" : "dry_run" },
                   },
                   h("a", { href: `#/incidents/${i.id}` }, `#${i.id}`),
-                  breakerHold(i) ? " holds " : " recommends ",
+                  breakerHold(i) || budgetHold(i) ? " holds " : " recommends ",
                   h("strong", {}, i.level),
                   breakerHold(i)?.node ? [" of ", h("a", { href: `#/nodes/${encodeURIComponent(breakerHold(i).node)}` }, breakerHold(i).node)] : null,
                   " for ",
@@ -228,7 +228,9 @@ export function mount(root, ctx) {
                   // Why it waits, when it is not plain dry-run (said above the list).
                   breakerHold(i)
                     ? h("p", { class: "pending-why breaker-why" }, h("strong", {}, "Held by the breaker: "), pendingWhy(i))
-                    : null,
+                    : budgetHold(i)
+                      ? h("p", { class: "pending-why budget-why" }, h("strong", {}, "Held for the launcher's last restart: "), pendingWhy(i))
+                      : null,
                 ),
               ),
             )

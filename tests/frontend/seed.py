@@ -36,6 +36,8 @@ class JobSeed:
     in_process: bool | None = None
     launcher: str | None = None
     display_name: str | None = None
+    max_restarts: int | None = None  # the launcher's restart budget, as the SDK declares it
+    restart_count: int | None = None
     _agents: dict[str, str] = field(default_factory=dict)
     _seq: dict[str, int] = field(default_factory=dict)
 
@@ -112,6 +114,10 @@ class JobSeed:
             out["launcher"] = self.launcher
         if self.display_name is not None:
             out["display_name"] = self.display_name
+        if self.max_restarts is not None:
+            out["max_restarts"] = self.max_restarts
+        if self.restart_count is not None:
+            out["restart_count"] = self.restart_count
         return out
 
     def exit_batches(self, now: float, exit_code: int = 0) -> list[dict[str, Any]]:

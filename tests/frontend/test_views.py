@@ -26,7 +26,7 @@ from tests.frontend.conftest import (
     JobFeed,
     start_server,
 )
-from tests.frontend.seed import JobSeed, xid_batch
+from tests.frontend.seed import JobSeed, agent_id, xid_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -312,6 +312,98 @@ def test_the_restart_dialog_offers_only_the_jobs_levels_and_says_why_one_is_refu
         expect(page.locator('#capabilities [data-field="levels"]')).to_have_attribute(
             "data-levels", "launcher"
         )
+    finally:
+        feed.stop()
+
+
+def test_the_job_page_shows_the_launchers_restarts_left_and_the_dialog_offers_the_force(
+    signed_in: Page, cluster: Cluster, screenshot: Screenshot
+) -> None:
+    name = "budget-job"
+    seed = JobSeed(
+        name,
+        ["budget-node-1"],
+        ranks_per_node=2,
+        steps=20,
+        slow_rank=None,
+        in_process=False,
+        launcher="torchrun",
+        max_restarts=3,
+        restart_count=2,
+    )
+    feed = JobFeed(cluster, seed, step=20)
+    feed.start()
+    try:
+        cluster.wait(lambda: cluster.api(f"jobs/{name}")["restarts_left"] == 1, "no budget arrived")
+        page = signed_in
+        page.goto(f"{cluster.url}/#/jobs/{name}")
+        left = page.locator('#capabilities [data-field="restarts-left"]')
+        expect(left).to_have_attribute("data-left", "1")
+        expect(left).to_contain_text("1 of 3")
+        expect(left).to_contain_text("needs force")
+        page.get_by_role("button", name="Restart…").click()
+        dialog = page.get_by_role("dialog")
+        force = dialog.get_by_label("Use the launcher's last restart anyway (force)")
+        expect(force).to_be_hidden()  # offered only once the server refuses
+        dialog.get_by_label("Reason").fill("browser test: the last launcher restart")
+        dialog.get_by_role("button", name="Restart").click()
+        message = dialog.locator(".dialog-message")
+        expect(message).to_contain_text("the launcher allows 3 restarts")
+        expect(message).to_contain_text("--max-restarts")
+        expect(force).to_be_visible()
+        screenshot(page, "job-restart-budget")
+        assert cluster.api(f"incidents?job={name}") == []  # refused: nothing changed
+        force.check()
+        dialog.get_by_role("button", name="Restart").click()
+        expect(page).to_have_url(re.compile(r"#/incidents/\d+$"))
+        (inc,) = cluster.api(f"incidents?job={name}")
+        assert inc["level"] == "launcher" and "forced" in inc["decisions"][-1]["why"]
+    finally:
+        feed.stop()
+
+
+def test_a_fault_that_would_use_the_launchers_last_restart_waits_for_an_operator(
+    signed_in: Page, cluster: Cluster, screenshot: Screenshot
+) -> None:
+    name = "held-job"
+    seed = JobSeed(
+        name,
+        ["held-node-1"],
+        ranks_per_node=2,
+        steps=20,
+        slow_rank=None,
+        in_process=False,
+        launcher="torchrun",
+        max_restarts=3,
+        restart_count=2,
+    )
+    feed = JobFeed(cluster, seed, step=20)
+    feed.start()
+    try:
+        cluster.wait(lambda: cluster.api(f"jobs/{name}")["restarts_left"] == 1, "no budget arrived")
+        now = time.time()
+        death = {"kind": "rank_exit", "ts": now, "job": name, "rank": 1, "data": {"signal": 9}}
+        envelope = {"agent_id": agent_id(), "seq": 1, "sent_at": now, "simulated": True}
+        cluster.api("ingest", {"node": "held-node-1", **envelope, "events": [death]})
+        held = cluster.wait(
+            lambda: next(iter(cluster.api(f"incidents?status=pending&job={name}")), None),
+            "the engine held nothing",
+        )
+        assert held["decisions"][-1]["mode"] == "budget" and held["commands"] == [], held
+        page = signed_in
+        page.goto(cluster.url + "/#/incidents")
+        item = page.locator(f'.pending-item[data-incident="{held["id"]}"]')
+        expect(item).to_have_attribute("data-held", "budget")
+        expect(item).to_contain_text("Held for the launcher's last restart")
+        page.goto(f"{cluster.url}/#/incidents/{held['id']}")
+        box = page.locator(".pending-box")
+        expect(box).to_have_attribute("data-held", "budget")
+        expect(box).to_contain_text("Held: the launcher's last restart")
+        expect(box).to_contain_text("the launcher allows 3 restarts")
+        page.get_by_role("button", name="Approve…").click()
+        expect(page.get_by_role("dialog")).to_contain_text("using the launcher's last restart")
+        screenshot(page, "incident-budget-held")
+        page.keyboard.press("Escape")
     finally:
         feed.stop()
 

@@ -60,6 +60,7 @@ CAUSES: dict[str, tuple[str, ...]] = {
     "hang": ("hang",),
     "rest_in_process": ("operator",),
     "rest_launcher": ("operator",),
+    "rest_launcher_force": ("operator",),  # past the launcher's budget guard (force: true)
 }
 
 
@@ -109,6 +110,7 @@ class Outcome:
     expected: str
     incident: dict[str, Any] | None = None
     status_code: int = 202
+    detail: str = ""  # a refusal's reason
     extra_incidents: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -130,8 +132,16 @@ class Outcome:
 class Stack:
     """The processes of one matrix job, and its REST API."""
 
-    def __init__(self, tmp: Path, cell: Cell, max_restarts: int = 6) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        cell: Cell,
+        max_restarts: int = 6,
+        expect: dict[str, str] | None = None,
+    ) -> None:
         self.tmp, self.cell, self.max_restarts = tmp, cell, max_restarts
+        # A fault's expected outcome where it differs from the cell's (the budget's 409).
+        self.expect = expect or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data = tmp / "data"
@@ -324,10 +334,11 @@ class Stack:
     def incident(self, id_: int) -> dict[str, Any]:
         return dict(self.get(f"/incidents/{id_}"))
 
-    def restart(self, level: str) -> httpx.Response:
-        return self.http.post(
-            f"/jobs/{self.job}/restarts", json={"level": level, "reason": f"matrix {level}"}
-        )
+    def restart(self, level: str, force: bool = False) -> httpx.Response:
+        body: dict[str, Any] = {"level": level, "reason": f"matrix {level}"}
+        if force:
+            body["force"] = True
+        return self.http.post(f"/jobs/{self.job}/restarts", json=body)
 
     # --- following the job ----------------------------------------------------------
 
@@ -362,13 +373,15 @@ class Stack:
         elif fault == "sigkill":
             (pid,) = [r["pid"] for r in ranks if r["rank"] == target]
             os.kill(pid, signal.SIGKILL)
+        elif fault == "rest_launcher_force":
+            return self.restart("launcher", force=True)
         else:
             return self.restart(fault.removeprefix("rest_"))
         return None
 
     def follow(self, fault: str) -> Outcome:
         """One fault, on a live job: its incident once it is closed (or the 409)."""
-        expected = self.cell.expected(fault)
+        expected = self.expect.get(fault) or self.cell.expected(fault.removesuffix("_force"))
         out = Outcome(self.cell.id, fault, expected)
         ranks = self.wait_live()
         seen = {i["id"] for i in self.incidents()}
@@ -378,6 +391,7 @@ class Stack:
         r = self.fault(fault, ranks)
         if r is not None:
             out.status_code = r.status_code
+            out.detail = r.json().get("detail", "") if r.status_code >= 400 else ""
             if r.status_code == 409:  # refused, and nothing changed
                 assert {i["id"] for i in self.incidents()} == seen
                 assert {(x["rank"], x["pid"]) for x in self.wait_live()} == {

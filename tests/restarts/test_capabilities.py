@@ -80,6 +80,32 @@ def test_the_launcher_and_an_explicit_in_process_reach_rank_status(
     assert again is not None and again[0].in_process is True and again[1].launcher == "torchrun"
 
 
+def test_the_launchers_restart_budget_reaches_rank_status_and_the_wire(
+    make_node: Any, spawn: Any
+) -> None:
+    node = make_node()
+    budget = {"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "2"}
+    ranked = spawn([RANK], node.local.socket_path, RANK="0", TORCHELASTIC_RUN_ID="r1", **budget)
+    odd = {"TORCHELASTIC_MAX_RESTARTS": "three", "TORCHELASTIC_RESTART_COUNT": "two"}
+    unknown = spawn([RANK], node.local.socket_path, RANK="1", TORCHELASTIC_RUN_ID="r1", **odd)
+    wait_for(lambda: {ranked.pid, unknown.pid} <= set(node.local.ranks), timeout=20)
+    a, b = _status(node, ranked.pid), _status(node, unknown.pid)
+    assert (a.max_restarts, a.restart_count, a.attempt) == (3, 2, 2)
+    assert (b.max_restarts, b.restart_count) == (None, None)  # not counts: unknown
+    batch = Batch(node="n1", agent_id="agent-0001", seq=1, sent_at=time.time(), ranks=[a, b])
+    raw = json.loads(encode(batch))["ranks"]
+    assert (raw[0]["max_restarts"], raw[0]["restart_count"]) == (3, 2)
+    assert "max_restarts" not in raw[1]  # omitted: an older backend reads the batch as before
+    again = decode_batch(encode(batch)).ranks
+    assert again is not None and (again[0].max_restarts, again[0].restart_count) == (3, 2)
+
+
+def test_a_launchers_budget_is_read_from_the_environment() -> None:
+    env = {"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "2"}
+    assert sdk.restart_budget_from_env(env) == (3, 2)
+    assert sdk.restart_budget_from_env({}) == (None, None)
+
+
 @pytest.mark.slow
 def test_the_nvrx_wrapper_is_detected_from_outside_the_wrapped_function(
     make_node: Any, spawn: Any, tmp_path: Any
@@ -110,7 +136,13 @@ def test_an_old_sdk_declares_nothing_and_a_bad_declaration_is_dropped(make_node:
     try:
         base = {"t": "hello", "job": "old", "rank": 0, "ts": time.time()}
         s.sendto(json.dumps({**base, "pid": old}).encode(), node.local.socket_path)
-        wrong = {"launcher": "mpirun", "in_process": "yes", "display_name": "a/b c"}
+        wrong = {
+            "launcher": "mpirun",
+            "in_process": "yes",
+            "display_name": "a/b c",
+            "max_restarts": -1,
+            "restart_count": "2",
+        }
         s.sendto(
             json.dumps({**base, "rank": 1, "pid": bad, **wrong}).encode(), node.local.socket_path
         )
@@ -125,6 +157,7 @@ def test_an_old_sdk_declares_nothing_and_a_bad_declaration_is_dropped(make_node:
     for pid in (old, bad):
         st = statuses[pid]
         assert (st.launcher, st.in_process, st.display_name) == (None, None, None)
+        assert (st.max_restarts, st.restart_count) == (None, None)
     batch = Batch(
         node="n1", agent_id="agent-0001", seq=1, sent_at=time.time(), ranks=[*statuses.values()]
     )

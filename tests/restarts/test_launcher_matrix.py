@@ -81,6 +81,10 @@ def test_launcher_matrix(cell: Cell, tmp_path: Path) -> None:
         ranks = stack.ranks()
         assert {r["in_process"] for r in ranks if r["alive"]} == {cell.wrapper}
         assert {r["launcher"] for r in ranks if r["alive"]} == {cell.launcher}
+        # the launcher's budget, as its workers' environment says (issue 33)
+        assert {r["max_restarts"] for r in ranks if r["alive"]} == {stack.max_restarts}
+        job = stack.get(f"/jobs/{stack.job}")
+        assert job["restarts_left"] == stack.max_restarts - job["restart_count"] >= 1, job
         assert_outcomes(stack, outcomes)
     except BaseException:
         print(stack.logs())
@@ -121,11 +125,16 @@ def test_a_script_written_from_the_readme_survives_under_the_readme_torchrun_lin
     --max-restarts 3 --rdzv-backend c10d ...` with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
     shows up with no trainguard setting and survives a SIGKILL, an exception and a REST
     launcher restart (three launcher restarts: all --max-restarts 3 allows), each a
-    resolved incident; an in-process restart is refused (409), as the job has no Wrapper."""
+    resolved incident; an in-process restart is refused (409), as the job has no Wrapper.
+    Issue 33: the REST launcher restart that would use the last of the three is refused
+    (409, the budget in words) until it is forced."""
     cell = Cell("torchrun", wrapper=False, nodes=1)
-    stack = Stack(tmp_path, cell, max_restarts=3)
+    stack = Stack(tmp_path, cell, max_restarts=3, expect={"rest_launcher": "409"})
     try:
-        outcomes = run(stack, ("sigkill", "exception", "rest_launcher", "rest_in_process"))
+        faults = ("sigkill", "exception", "rest_launcher", "rest_launcher_force", "rest_in_process")
+        outcomes = run(stack, faults)
+        assert "the launcher allows 3 restarts" in outcomes[2].detail, outcomes[2].detail
+        assert stack.get(f"/jobs/{stack.job}")["restarts_left"] == 0
         ranks = [r for r in stack.ranks() if r["alive"]]
         assert {(r["launcher"], r["in_process"]) for r in ranks} == {("torchrun", False)}
         assert {r["node"] for r in ranks} == {"mx-node0"}

@@ -48,6 +48,20 @@ function levelsText(job) {
   return levels.length ? levels.map(([l]) => l.replace("_", "-")).join(", ") : "none";
 }
 
+/** The launcher's restart budget: what is left of its --max-restarts (shared by faults
+ * and operator restarts), from the live ranks; at one left a launcher restart needs force. */
+function budgetText(job) {
+  if (!("restarts_left" in job)) return h("span", { class: "muted" }, "not reported by this server");
+  const left = job.restarts_left;
+  if (left === null || left === undefined) {
+    return h("span", { class: "muted" }, hasLive(job) ? "unknown: no torchrun or ft_launcher budget declared (or an older SDK)" : "unknown: no live rank");
+  }
+  const of = `${left} of ${job.max_restarts} (--max-restarts; ${job.restart_count} used by faults and operator restarts)`;
+  if (left === 0) return h("span", { class: "cap cap-no" }, `${of}: none left, the next worker failure ends the job`);
+  if (left === 1) return h("span", { class: "cap cap-no" }, `${of}: the last one; a launcher restart needs force`);
+  return h("span", { class: "cap cap-yes" }, of);
+}
+
 /** update(job) shows what GET /jobs/<job> says it can carry out; clear() empties it. */
 export function capabilitiesPanel() {
   const list = h("dl", { class: "caps-facts", id: "capabilities" });
@@ -66,6 +80,10 @@ export function capabilitiesPanel() {
         factItems([
           ["In-process restart", h("span", { dataset: { field: "in-process" } }, inProcessText(j))],
           ["Launcher", h("span", { dataset: { field: "launchers" } }, launcherText(j))],
+          [
+            "Launcher restarts left",
+            h("span", { dataset: { field: "restarts-left", left: String(j.restarts_left ?? "") } }, budgetText(j)),
+          ],
           [
             "Restart levels",
             h("span", { dataset: { field: "levels", levels: restartLevels(j).map(([l]) => l).join(",") } }, levelsText(j)),

@@ -47,11 +47,26 @@ export function restartControl({ name, signal, current, reload }) {
           help: missingLevels(job).join(" ") || null,
         },
         { name: "reason", label: "Reason", required: true, placeholder: "why, for the audit log" },
+        {
+          // Offered only when the server refuses a launcher restart that would use the
+          // launcher's last one (409, code restart_budget): the operator may force it.
+          name: "force",
+          // (no help line: the server's refusal above it says what the budget is)
+          label: "Use the launcher's last restart anyway (force)",
+          kind: "checkbox",
+          hidden: true,
+        },
       ],
       signal,
-      action: ({ level, reason }) => apiPost(`jobs/${enc}/restarts`, { level, reason }, { signal }),
+      action: ({ level, reason, force }) =>
+        apiPost(`jobs/${enc}/restarts`, force ? { level, reason, force: true } : { level, reason }, { signal }),
       // A 409: the job cannot carry it out (any more); the page shows what it can now.
-      onRefused: (error) => error.status === 409 && reload(),
+      // The launcher's budget: the dialog offers the force.
+      onRefused: (error, dialog) => {
+        if (error.status !== 409) return;
+        if (error.code === "restart_budget") dialog.reveal("force");
+        reload();
+      },
     });
     if (result?.incident_id !== undefined) {
       location.hash = `#/incidents/${result.incident_id}`;

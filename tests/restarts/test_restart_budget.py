@@ -1,0 +1,48 @@
+"""The launcher's restart budget with a real launcher (docs/engine.md, "The launcher's
+restart budget"): examples/train_user.py under torchrun `--max-restarts 1`, a real
+`trainguard server` and `trainguard agent` (tests/restarts/matrix.py). The job shows one
+restart left; a manual launcher restart, which would use it, is refused with 409 and the
+budget in words, and changes nothing; forced, it restarts the job and nothing is left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.invariants import check
+
+from .matrix import Cell, Stack
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_with_one_restart_refuses_to_spend_it_without_force(tmp_path: Path) -> None:
+    cell = Cell("torchrun", wrapper=False, nodes=1)
+    stack = Stack(tmp_path, cell, max_restarts=1, expect={"rest_launcher": "409"})
+    try:
+        stack.server()
+        stack.agents()
+        stack.launch()
+        stack.wait_live()
+        job = stack.get(f"/jobs/{stack.job}")
+        assert (job["max_restarts"], job["restart_count"], job["restarts_left"]) == (1, 0, 1)
+        assert {(r["max_restarts"], r["restart_count"]) for r in job["ranks"]} == {(1, 0)}
+
+        refused = stack.follow("rest_launcher")  # asserts: no incident, the same pids
+        assert refused.status_code == 409
+        for words in ("allows 1 restarts", "has used 0", "--max-restarts", "force: true"):
+            assert words in refused.detail, refused.detail
+
+        forced = stack.follow("rest_launcher_force")
+        assert forced.incident is not None, forced.line()
+        assert (forced.incident["level"], forced.incident["status"]) == ("launcher", "resolved")
+        job = stack.get(f"/jobs/{stack.job}")
+        assert (job["restart_count"], job["restarts_left"]) == (1, 0)
+        check(stack.db_url)
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.close()
