@@ -12,6 +12,7 @@ from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
 from trainguard.backend.cluster import cordons, service
 from trainguard.backend.cluster.schemas import (
+    BackendEventKind,
     Cordon,
     CordonRequest,
     CordonState,
@@ -124,7 +125,7 @@ def list_events(
     session: SessionDep,
     _: ViewerDep,
     node: Annotated[str | None, Query(max_length=128)] = None,
-    kind: EventKind | None = None,
+    kind: EventKind | BackendEventKind | None = None,
     job: Annotated[str | None, Query(max_length=128)] = None,
     since: Annotated[float | None, Query(ge=0)] = None,
     until: Annotated[float | None, Query(ge=0)] = None,

@@ -19,6 +19,10 @@ class Cordon(BaseModel):
     release_reason: str | None
 
 
+# Events the backend itself records (the agents' kinds are wire.EventKind): an agent
+# silent while its node's ranks evidently run (backend/engine/silence.py) is an alert.
+BackendEventKind = Literal["agent_silent"]
+
 NodeStatus = Literal["healthy", "degraded", "down", "agent_down", "cordoned"]
 
 
