@@ -164,9 +164,10 @@ def cordon(
     n = service.get_node(session, node)
     reason = (body.reason if body else "") or "cordoned by an operator"
     now = time.time()
-    if cordons.cordon(session, n, who.name, reason, now) is None:
+    changed = cordons.cordon(session, n, who.name, reason, now) is not None
+    if not changed:
         _audit(session, now, who.name, "cordon", node, reason)  # already cordoned
-    return CordonState(name=node, cordoned=True)
+    return CordonState(name=node, cordoned=True, changed=changed)
 
 
 @router.post(
@@ -185,11 +186,12 @@ def uncordon(
     n = service.get_node(session, node)
     reason = (body.reason if body else "") or "readmitted by an operator"
     now = time.time()
-    if cordons.readmit(session, n, who.name, reason, now):
+    changed = cordons.readmit(session, n, who.name, reason, now)
+    if changed:
         background.add_task(_uncordon_hook, request, node, who.name)
     else:
         _audit(session, now, who.name, "uncordon", node, reason)  # was not cordoned
-    return CordonState(name=node, cordoned=False)
+    return CordonState(name=node, cordoned=False, changed=changed)
 
 
 def _audit(session: SessionDep, now: float, who: str, action: str, node: str, why: str) -> None:

@@ -155,3 +155,8 @@ class CordonRequest(BaseModel):
 class CordonState(BaseModel):
     name: str
     cordoned: bool
+    changed: bool = Field(
+        True,
+        description="whether this request changed the node (false: it was cordoned, or "
+        "not cordoned, already; nothing was done but the audit)",
+    )
