@@ -109,8 +109,11 @@ class Agent:
         """Something with start()/stop() that lives as long as the agent (SDK server ...)."""
         self.components.append(obj)
 
-    def stop(self) -> None:
-        """Ask run() to return (thread-safe; also what SIGINT/SIGTERM do)."""
+    def stop(self, reason: str = "the agent is stopping") -> None:
+        """Ask run() to return (thread-safe; also what SIGINT/SIGTERM do). Its last batch
+        tells the backend that it is going away, and why."""
+        if not self._stop.is_set():
+            self.uplink.going_away = reason
         self._stop.set()
 
     @property
@@ -247,8 +250,9 @@ class Agent:
         def handler(signum: int, frame: FrameType | None) -> None:
             if self._stop.is_set():  # asked twice: give up on the graceful flush
                 os._exit(128 + signum)
-            log.info("%s received; stopping", signal.Signals(signum).name)
-            self._stop.set()
+            name = signal.Signals(signum).name
+            log.info("%s received; stopping", name)
+            self.stop(f"{name}: the agent is stopping")
 
         for s in previous:
             signal.signal(s, handler)

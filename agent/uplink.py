@@ -241,6 +241,8 @@ class Uplink:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # Set before stop() on a graceful stop: the final batch says "going away".
+        self.going_away: str | None = None
         self.client = httpx.Client(
             base_url=config.server,
             transport=transport,
@@ -311,8 +313,9 @@ class Uplink:
     def tick(self, final: bool = False) -> None:
         """Drain the outbox into batches; send them (or spool them); replay the spool."""
         parts = self._drain()
-        if not parts and not len(self.spool):
-            if self.monotonic() - self._last_batch_mono < HEARTBEAT_S or final:
+        goodbye = self.going_away if final else None
+        if not parts and (goodbye or not len(self.spool)):
+            if not goodbye and (self.monotonic() - self._last_batch_mono < HEARTBEAT_S or final):
                 return
             parts = [_Part([], [], [], None, None)]
         link_down = len(self.spool) > 0 or self.monotonic() < self._retry_at
@@ -321,9 +324,13 @@ class Uplink:
                 self._spool_unsent(part)
                 continue
             batch = self._numbered(part)
+            if goodbye and i == len(parts) - 1:
+                # The last batch says goodbye (never spooled so: a replay by the next
+                # agent would mark its node as gone while it runs).
+                batch = msgspec.structs.replace(batch, going_away=goodbye)
             outcome = self._send(batch, timeout=2.0 if final else None)
             if outcome is Outcome.TRANSIENT:
-                self._spool(batch)
+                self._spool(msgspec.structs.replace(batch, going_away=None))
                 link_down = True
             elif outcome is Outcome.SENT and i == 0:
                 self._report_gap()

@@ -145,7 +145,8 @@ def cordon(
 ) -> None:
     """Cordon a node: no new work on it."""
     result = call(server, token, lambda c: c.cordon(node, reason))
-    show(result, as_json, f"node {result.name}: cordoned")
+    text = "cordoned" if result.changed else "was already cordoned; nothing to do"
+    show(result, as_json, f"node {result.name}: {text}")
 
 
 def uncordon(
@@ -157,4 +158,5 @@ def uncordon(
 ) -> None:
     """Readmit a cordoned node (through the uncordon hook)."""
     result = call(server, token, lambda c: c.uncordon(node, reason))
-    show(result, as_json, f"node {result.name}: not cordoned")
+    text = "readmitted (uncordoned)" if result.changed else "was not cordoned; nothing to do"
+    show(result, as_json, f"node {result.name}: {text}")

@@ -98,7 +98,9 @@ class Incident(msgspec.Struct, kw_only=True):
 
 
 class NodeCordon(msgspec.Struct, kw_only=True):
-    """The answer to cordon / uncordon: the node and whether it is cordoned now."""
+    """The answer to cordon / uncordon: the node, whether it is cordoned now, and whether
+    the request changed that (absent from older servers: taken as changed)."""
 
     name: str
     cordoned: bool
+    changed: bool = True

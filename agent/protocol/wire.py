@@ -183,6 +183,11 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     events: Annotated[list[Event], Meta(max_length=MAX_EVENTS)] = []
     steps: Annotated[list[StepReport], Meta(max_length=MAX_STEPS)] = []
     ranks: Annotated[list[RankStatus], Meta(max_length=MAX_RANKS)] | None = None
+    # The agent's last batch before a graceful stop (SIGTERM/SIGINT: an upgrade, systemctl
+    # stop) says so, with the reason: its silence from then on is "agent_down", not a
+    # node that died. Omitted otherwise, so old agents' batches are unchanged; an old
+    # backend refuses this one batch (422) and the node reads "down" as before.
+    going_away: Text | None = None
 
 
 class IngestResult(msgspec.Struct):

@@ -135,7 +135,6 @@ def api_vs_processes(
     incidents: Sequence[dict[str, Any]],
     steps_by_job: dict[str, list[Step]],
     stop: float,
-    down_after_s: float,
 ) -> dict[str, Any]:
     """Faults without incident, incidents without fault, and incidents whose status the
     job's steps contradict."""
@@ -144,9 +143,11 @@ def api_vs_processes(
         if fi in matches["incident_of"] or fi in matches["shared"]:
             continue
         row = {"fault": f.key, "kind": f.kind, "ts": f.ts, "node": f.node, "rank": f.rank}
-        # An agent back before the node counts as down, or a fault its agent could not see
-        # (the agent dead when it fired), need no incident.
-        if (f.kind == "agent_death" and (f.down_s or 0.0) < down_after_s) or f.agent_down:
+        # An agent death needs no incident: back before the node counts as down, or
+        # silent while its ranks train on, which is an alert (agent_silent), not node
+        # death (docs/engine.md, "Agent silence is not node death"); nor does a fault its
+        # agent could not see (the agent dead when it fired).
+        if f.kind == "agent_death" or f.agent_down:
             unseen.append(row)
         else:
             without.append(row)
@@ -230,7 +231,7 @@ def build_report(
                 "observed_recovery_s": observed[fi],
             }
         )
-    vs = api_vs_processes(faults, matches, within, by_job, stop, down_after_s)
+    vs = api_vs_processes(faults, matches, within, by_job, stop)
     accounted = {
         "injected": len(faults),
         "with_incident": len(matches["incident_of"]),

@@ -12,6 +12,7 @@ from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
 from trainguard.backend.cluster import cordons, service
 from trainguard.backend.cluster.schemas import (
+    BackendEventKind,
     Cordon,
     CordonRequest,
     CordonState,
@@ -123,7 +124,7 @@ def list_events(
     session: SessionDep,
     _: ViewerDep,
     node: Annotated[str | None, Query(max_length=128)] = None,
-    kind: EventKind | None = None,
+    kind: EventKind | BackendEventKind | None = None,
     job: Annotated[str | None, Query(max_length=128)] = None,
     since: Annotated[float | None, Query(ge=0)] = None,
     until: Annotated[float | None, Query(ge=0)] = None,
@@ -162,9 +163,10 @@ def cordon(
     n = service.get_node(session, node)
     reason = (body.reason if body else "") or "cordoned by an operator"
     now = time.time()
-    if cordons.cordon(session, n, who.name, reason, now) is None:
+    changed = cordons.cordon(session, n, who.name, reason, now) is not None
+    if not changed:
         _audit(session, now, who.name, "cordon", node, reason)  # already cordoned
-    return CordonState(name=node, cordoned=True)
+    return CordonState(name=node, cordoned=True, changed=changed)
 
 
 @router.post(
@@ -183,11 +185,12 @@ def uncordon(
     n = service.get_node(session, node)
     reason = (body.reason if body else "") or "readmitted by an operator"
     now = time.time()
-    if cordons.readmit(session, n, who.name, reason, now):
+    changed = cordons.readmit(session, n, who.name, reason, now)
+    if changed:
         background.add_task(_uncordon_hook, request, node, who.name)
     else:
         _audit(session, now, who.name, "uncordon", node, reason)  # was not cordoned
-    return CordonState(name=node, cordoned=False)
+    return CordonState(name=node, cordoned=False, changed=changed)
 
 
 def _audit(session: SessionDep, now: float, who: str, action: str, node: str, why: str) -> None:

@@ -19,14 +19,20 @@ class Cordon(BaseModel):
     release_reason: str | None
 
 
-NodeStatus = Literal["healthy", "degraded", "down", "cordoned"]
+# Events the backend itself records (the agents' kinds are wire.EventKind): an agent
+# silent while its node's ranks evidently run (backend/engine/silence.py) is an alert.
+BackendEventKind = Literal["agent_silent"]
+
+NodeStatus = Literal["healthy", "degraded", "down", "agent_down", "cordoned"]
 
 
 class Node(BaseModel):
     name: str
     status: NodeStatus = Field(
-        description="cordoned, else down (silent past node_down_after_s), else degraded "
-        "(late batches, an XID within 10 min, or a lost GPU), else healthy"
+        description="cordoned, else agent_down (silent past node_down_after_s after its "
+        "agent said it was going away: an upgrade, a stop), else down (silent past "
+        "node_down_after_s), else degraded (late batches, an XID within 10 min, or a lost "
+        "GPU), else healthy"
     )
     simulated: bool
     cordoned: bool
@@ -41,6 +47,11 @@ class Node(BaseModel):
     util_avg: float | None
     temp_max: float | None
     last_xid_at: float | None
+    going_away: str | None = Field(
+        None,
+        description="the reason its agent gave in its last batch before a graceful stop; "
+        "cleared by the agent's next batch",
+    )
     cordon: Cordon | None = Field(description="the open cordon, if any")
     cordons_recent: int = Field(description="cordons within the repair window")
     repair: bool = Field(description="cordoned often enough to be flagged for repair")
@@ -144,3 +155,8 @@ class CordonRequest(BaseModel):
 class CordonState(BaseModel):
     name: str
     cordoned: bool
+    changed: bool = Field(
+        True,
+        description="whether this request changed the node (false: it was cordoned, or "
+        "not cordoned, already; nothing was done but the audit)",
+    )

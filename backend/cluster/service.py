@@ -50,7 +50,8 @@ def node_status(node: Any, now: float, down_after_s: float) -> str:
         return "cordoned"
     age = now - node.last_seen
     if age > down_after_s:
-        return "down"
+        # The agent said goodbye (an upgrade, systemctl stop): it is gone, not the node.
+        return "agent_down" if node.going_away else "down"
     if age > down_after_s / 3 or node.gpus_lost:
         return "degraded"
     if node.last_xid_at is not None and now - node.last_xid_at < XID_DEGRADES_FOR_S:
@@ -73,6 +74,7 @@ def node_dict(node: Any, gpu_count: int, now: float, down_after_s: float) -> dic
         "util_avg": node.util_avg,
         "temp_max": node.temp_max,
         "last_xid_at": node.last_xid_at,
+        "going_away": node.going_away,
         "cordon": None,
         "cordons_recent": 0,
         "repair": False,

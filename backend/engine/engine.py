@@ -27,7 +27,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from trainguard.backend.engine import lifecycle, sweep
+from trainguard.backend.engine import lifecycle, silence, sweep
 from trainguard.backend.engine.actions import HookJob
 from trainguard.backend.engine.decide import Decider
 from trainguard.backend.engine.evidence import EVIDENCE_KINDS, Evidence
@@ -82,7 +82,7 @@ class DecisionEngine:
         self.errors = 0
         self.last_error = ""
         self._gaps: dict[int, float] = {}
-        self._down_seen: set[tuple[int, float]] = set()
+        self._down_seen: set[tuple[int, float, str]] = set()
         self._leading_since = clock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -198,7 +198,7 @@ class DecisionEngine:
 
     def _sweep(self, s: Session) -> None:
         now = self.clock()
-        sweep.silent_nodes(
+        silence.silent_nodes(
             self.decider, s, now, self.fresh_within_s, self._down_seen, self._leading_since
         )
         sweep.self_recovered(self.decider, s, now)
@@ -207,6 +207,7 @@ class DecisionEngine:
         sweep.resumed_from_steps(self.decider, s, now)
         sweep.relaunch_waits(self.decider, s, now)
         sweep.orphaned_hooks(self.decider, s, now, self._running_hooks)
+        lifecycle.agents_back(self.decider, s, now)
         lifecycle.waiting_jobs(self.decider, s, now)
         lifecycle.job_states(self.decider, s, now)
         lifecycle.readmissions(self.decider, s, now, self._running_hooks)

@@ -7,7 +7,9 @@ failed, stopped) and cordoned nodes (readmission).
   cleanly, and no generation followed within `escalation.relaunch_wait_s` (the launcher
   gave up), `stopped` after stop_job while its ranks train on (it then ends finished or
   failed like any job). A job seen again after its end runs again.
-- A waiting job restarts (launcher) once a node hosting its ranks is readmitted.
+- A waiting job restarts (launcher) once a node hosting its ranks is readmitted; a job
+  that ended cleanly while it waited closes its incident instead (nothing to restart).
+- A `node_down` incident not acted on yet closes when the node's agent reports again.
 - A node cordoned by the engine is readmitted (policy `[readmission]`) once its agent has
   reported for `readmit_after_s` with every GPU present and no hard XID, and the health
   check hook (if any) exits 0; a node flagged for repair waits for an operator.
@@ -131,6 +133,18 @@ def waiting_jobs(d: Decider, session: Session, now: float) -> None:
         job = session.get(Job, inc.job_id)
         if job is None:
             continue
+        if _ended_cleanly(session, job):
+            # Its ranks trained on (on the cordoned node: cordon means no new work) and
+            # finished: nothing to restart, job_states says `finished`.
+            incidents.resolve(
+                session,
+                inc,
+                now,
+                "the job ended while it waited for capacity (every rank exited 0): "
+                "nothing to restart",
+            )
+            d._count("waits_ended_by_the_job")
+            continue
         targets = q.job_nodes(session, job.id, now - d.fresh_within_s)
         free = [
             nid for nid in targets if (n := session.get(Node, nid)) is not None and not n.cordoned
@@ -140,6 +154,47 @@ def waiting_jobs(d: Decider, session: Session, now: float) -> None:
         incidents.note(session, inc, "capacity is back: launcher restart")
         set_job_state(job, "restarting", now)
         d.issue(session, inc, job, "launcher", frozenset())
+
+
+def _ended_cleanly(session: Session, job: Job) -> bool:
+    """No rank of the job is alive and every one's last exit was clean (exit code 0)."""
+    ranks = session.execute(
+        select(Rank.rank, Rank.alive, Rank.updated_at).where(Rank.job_id == job.id)
+    ).all()
+    if not ranks or any(alive for _, alive, _ in ranks):
+        return False
+    exits = _last_exits(session, job.name, max(t for _, _, t in ranks) - LOOKBACK_S)
+    return all(r in exits and clean_exit(exits[r][1]) for r, _, _ in ranks)
+
+
+def agents_back(d: Decider, session: Session, now: float) -> None:
+    """A `node_down` incident not acted on yet (waiting for its cooldown, an operator's
+    approval or the cordon breaker) whose node's agent reported again: its cause went
+    away (the node was not down), so it closes with that outcome and nothing is done."""
+    rows = session.scalars(
+        select(Incident)
+        .where(
+            Incident.status.in_(ACTIVE_STATUSES),
+            Incident.cause == "node_down",
+            Incident.acted_at.is_(None),
+            Incident.created_at >= now - LOOKBACK_S,
+        )
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).all()
+    for inc in rows:
+        node = session.get(Node, inc.node_id) if inc.node_id is not None else None
+        if node is None or inc.fault_at is None or node.last_seen <= inc.fault_at:
+            continue
+        if node.last_seen < now - d.fresh_within_s:
+            continue  # not back yet (a late batch of the old silence)
+        incidents.resolve(
+            session,
+            inc,
+            now,
+            f"the agent on {node.name} reported again: the node was not down; nothing done",
+        )
+        d._count("node_down_agent_back")
 
 
 def readmissions(d: Decider, session: Session, now: float, running: set[tuple[int, float]]) -> None:

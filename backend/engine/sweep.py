@@ -1,9 +1,7 @@
 """The engine's periodic sweep (every `engine_sweep_s`, at most 1 s): what no event
 announces.
 
-- silent nodes: an agent that stopped sending while it hosts live ranks of a job is
-  evidence (`node_down`) for every such job (judged only once the engine has led for
-  the silence threshold itself);
+- silent nodes: backend/engine/silence.py;
 - incidents whose cooldown ended, or that an operator approved, are acted on;
 - incidents whose action failed (a command acked `failed`) climb one level, except
   "no live rank" on a healthy node: that waits for the launcher's new generation first;
@@ -20,12 +18,12 @@ from sqlalchemy.orm import Session
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, NO_RANK, HookJob
 from trainguard.backend.engine.decide import Decider
-from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence
+from trainguard.backend.engine.evidence import JOB_CAUSES
 from trainguard.backend.engine.hooks import HookResult
 from trainguard.backend.engine.policy import next_level
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.incidents.reads import NOTHING_HERE
-from trainguard.backend.models import Incident, Job, Node, Rank
+from trainguard.backend.models import Incident, Job, Node
 
 # A step-derived resumption waits this long for the agents' own `resumed` ack.
 RESUME_GRACE_S = 2.0
@@ -34,58 +32,6 @@ PARTIAL_GRACE_S = 10.0
 # The sweep looks at incidents acted on (or failed) this recently; older ones are left as
 # they are (an operator sees them open or failed), so each sweep stays small.
 LOOKBACK_S = 3600.0
-
-
-def silent_nodes(
-    d: Decider,
-    session: Session,
-    now: float,
-    down_after_s: float,
-    seen: set[tuple[int, float]],
-    listening_since: float,
-) -> None:
-    """Silence counts only once this engine has itself listened for `down_after_s`: after
-    a backend outage every node looks silent until its agent reconnects."""
-    if now - listening_since < down_after_s:
-        return
-    max_age = d.policy.model.incidents.max_evidence_age_s
-    nodes = session.scalars(
-        select(Node).where(
-            Node.cordoned.is_(False),
-            Node.last_seen < now - down_after_s,
-            Node.last_seen >= now - down_after_s - max_age,
-        )
-    ).all()
-    for node in nodes:
-        key = (node.id, node.last_seen)
-        if key in seen:
-            continue
-        seen.add(key)
-        hosts = session.scalar(
-            select(Rank.id)
-            .where(
-                Rank.node_id == node.id,
-                Rank.alive.is_(True),
-                Rank.updated_at >= node.last_seen - down_after_s,
-            )
-            .limit(1)
-        )
-        if hosts is None:
-            continue
-        d.handle(
-            session,
-            Evidence(
-                kind="node_down",
-                ts=node.last_seen,  # silent since then (backend clock)
-                received_at=now,
-                node_id=node.id,
-                node=node.name,
-                message=f"agent silent for {now - node.last_seen:.1f} s (node down)",
-                data={"silent_s": round(now - node.last_seen, 3)},
-            ),
-        )
-    if len(seen) > 10000:
-        seen.clear()
 
 
 def self_recovered(d: Decider, session: Session, now: float) -> None:

@@ -127,6 +127,7 @@ _PG_UPDATE_NODES_ARGS = (
     "temp_max",
     "gpus_lost",
     "last_xid_at",
+    "going_away",
 )
 _PG_UPDATE_NODES = """
 UPDATE nodes AS n SET
@@ -137,11 +138,12 @@ UPDATE nodes AS n SET
     util_avg = CASE WHEN v.has_samples THEN v.util_avg ELSE n.util_avg END,
     temp_max = CASE WHEN v.has_samples THEN v.temp_max ELSE n.temp_max END,
     gpus_lost = CASE WHEN v.has_samples THEN v.gpus_lost ELSE n.gpus_lost END,
-    last_xid_at = COALESCE(v.last_xid_at, n.last_xid_at)
+    last_xid_at = COALESCE(v.last_xid_at, n.last_xid_at),
+    going_away = v.going_away
 FROM unnest(%s::int4[], %s::float8[], %s::text[], %s::float8[], %s::bool[], %s::bool[],
-            %s::float8[], %s::float8[], %s::int4[], %s::float8[])
+            %s::float8[], %s::float8[], %s::int4[], %s::float8[], %s::text[])
     AS v(id, last_seen, agent_id, clock_offset_s, simulated, has_samples, util_avg,
-         temp_max, gpus_lost, last_xid_at)
+         temp_max, gpus_lost, last_xid_at, going_away)
 WHERE n.id = v.id
 """
 
@@ -339,6 +341,7 @@ class BulkStatements:
                 agent_id=b.agent_id,
                 clock_offset_s=b.sent_at - it.received_at,
                 simulated=b.simulated,
+                going_away=b.going_away,  # the agent's goodbye; any later batch clears it
             )
             if b.samples:
                 row["util_avg"] = sum(utils) / len(utils) if utils else None

@@ -49,6 +49,9 @@ class Node(Base):
     # GPUs of that batch whose latest sample has no reading at all (fallen off the bus).
     gpus_lost: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_xid_at: Mapped[float | None] = mapped_column(Float)
+    # The reason its agent gave in its last batch before a graceful stop (cleared by the
+    # next batch): its silence is then `agent_down`, never evidence against the node.
+    going_away: Mapped[str | None] = mapped_column(Text)
 
     gpus: Mapped[list[Gpu]] = relationship(back_populates="node", lazy="raise")
 

@@ -100,13 +100,14 @@ export function seconds(value) {
 // Worst first: the overview lists problems at the top.
 // "straggler" is not a node status of the API: the dashboard derives it from the
 // stragglers of running jobs (a healthy node hosting a flagged rank).
-export const STATUS_ORDER = ["down", "degraded", "straggler", "cordoned", "healthy"];
+export const STATUS_ORDER = ["down", "agent_down", "degraded", "straggler", "cordoned", "healthy"];
 
 const STATUS_HINT = {
   healthy: "reporting, no open faults",
   degraded: "reporting, with a fault or a warning on the node (late batches, a recent XID, a lost GPU)",
   straggler: "reporting, but a rank on it is flagged as a straggler",
   down: "the agent stopped reporting",
+  agent_down: "the agent said it was going away (an upgrade, a stop); its node and ranks are not judged by its silence",
   cordoned: "taken out of scheduling (no new work) by an operator or by trainguard",
 };
 

@@ -458,6 +458,27 @@ def test_stop_flushes_the_outbox_once_and_spools_what_cannot_go(tmp_path: Path):
     assert len(up2.spool) == 1 and len(list(tmp_path.glob("*.batch"))) == 1
 
 
+def test_a_graceful_stop_says_goodbye_in_the_last_batch_and_never_spools_it(tmp_path: Path):
+    backend = Backend()
+    outbox = Outbox()
+    up = Uplink(config(tmp_path, interval=3600), outbox, transport=httpx.MockTransport(backend))
+    up.going_away = "SIGTERM: the agent is stopping"
+    up.stop()  # an empty outbox still sends the goodbye
+    (b,) = backend.batches
+    assert b.going_away == "SIGTERM: the agent is stopping" and b.samples == []
+
+    backend.mode = "down"  # the goodbye that cannot go is spooled without it
+    up2 = Uplink(config(tmp_path, interval=3600), outbox, transport=httpx.MockTransport(backend))
+    outbox.put_samples(samples(2))
+    up2.going_away = "SIGINT: the agent is stopping"
+    up2.stop()
+    backend.mode = "ok"
+    up3 = Uplink(config(tmp_path, interval=3600), outbox, transport=httpx.MockTransport(backend))
+    up3.tick()
+    replayed = backend.batches[-1]
+    assert len(replayed.samples) == 2 and replayed.going_away is None
+
+
 def test_the_backends_pace_sets_the_batch_interval_within_bounds(tmp_path: Path):
     backend = Backend()
     up, _ = uplink(tmp_path, backend, interval=1.0)

@@ -125,9 +125,28 @@ def test_cordon_and_uncordon_change_the_nodes_state(server: Server) -> None:
     [cordon] = server.api("GET", "nodes/cli-cordon-node/cordons")
     assert "ECC errors" in json.dumps(cordon)
 
+    again = server.cli("cordon", "cli-cordon-node", "--reason", "ECC errors")
+    assert (again.returncode, again.stdout) == (
+        0,
+        "node cli-cordon-node: was already cordoned; nothing to do\n",
+    ), again.stderr
+
     got = server.cli("uncordon", "cli-cordon-node", "--reason", "DIMM swapped", "--json")
-    assert _json(got) == {"name": "cli-cordon-node", "cordoned": False}
+    assert _json(got) == {"name": "cli-cordon-node", "cordoned": False, "changed": True}
     assert server.api("GET", "nodes/cli-cordon-node")["cordoned"] is False
+
+
+def test_uncordon_of_a_node_that_is_not_cordoned_says_so_neutrally(server: Server) -> None:
+    # Issue #33: "node X: not cordoned" read like an error after the operator's uncordon.
+    server.feed(JobSeed("cli-free", ["cli-free-node"], steps=2))
+    got = server.cli("uncordon", "cli-free-node", "--reason", "after the upgrade")
+    assert (got.returncode, got.stdout, got.stderr) == (
+        0,
+        "node cli-free-node: was not cordoned; nothing to do\n",
+        "",
+    )
+    got = server.cli("uncordon", "cli-free-node", "--reason", "again", "--json")
+    assert _json(got) == {"name": "cli-free-node", "cordoned": False, "changed": False}
 
 
 def _pending_incident(server: Server, job: JobSeed) -> int:

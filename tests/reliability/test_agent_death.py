@@ -1,6 +1,7 @@
 """An agent SIGKILLed: its node goes "down" after TRAINGUARD_NODE_DOWN_AFTER_S of silence
-(here 2 s) while a healthy neighbour stays healthy; the engine acts per policy where the
-node hosted a job's ranks (node_down -> exclude_node: an incident, the node cordoned);
+(here 2 s) while a healthy neighbour stays healthy; where the node hosts the rank of a
+single-node job that runs on, nothing says the rank died, so the engine only alerts
+(`agent_silent`: silence is not node death, issue #33; before, it cordoned the node);
 an agent started again under the same node name brings the node back, once, with the same
 GPUs, and nothing it had stored is doubled."""
 
@@ -69,15 +70,17 @@ def test_a_dead_agent_marks_its_node_down_and_a_new_one_brings_it_back(
     node = api.get("/nodes/mortal").json()
     assert node["status"] == "down" and node["gpu_count"] == 2
 
-    # The engine: the silent node hosted a live rank of deadjob -> exclude_node.
-    def node_down_incident() -> list[dict[str, object]]:
-        incs = api.get("/incidents", params={"job": "deadjob"}).json()
-        return [i for i in incs if i.get("cause") == "node_down"]
+    # The engine: the silent node hosts a live rank of deadjob, a single-node job; no
+    # other node says the rank stopped: an alert, no exclusion.
+    def alerts() -> list[dict[str, object]]:
+        got: list[dict[str, object]] = api.get("/events", params={"kind": "agent_silent"}).json()
+        return got
 
-    [inc] = wait_for(node_down_incident, 30)
-    assert inc["level"] == "exclude_node", inc
-    wait_for(lambda: status()["worker"] == "cordoned", 30)
-    assert not [i for i in api.get("/incidents").json() if i.get("job") != "deadjob"]
+    [alert] = wait_for(alerts, 30)
+    assert alert["node"] == "worker" and alert["job"] == "deadjob", alert
+    assert "nothing says its ranks stopped" in str(alert["message"]), alert
+    assert status()["worker"] == "down"
+    assert api.get("/incidents").json() == []
 
     # Back under the same name: one node, the same two GPUs, healthy again.
     mortal.start()

@@ -204,5 +204,16 @@ def test_a_waiting_job_that_trained_on_and_exited_stops_at_its_last_step(make_cl
     assert first["badput"]["waiting"] == pytest.approx(c.clock.t - (t0 + 20), abs=1e-4)
     assert first["productive_s"] == pytest.approx(18.44, abs=1e-4)
     assert first["goodput"] == pytest.approx(18.44 / 20, abs=1e-5)
+    # The engine then sees the job ended (issue #33 item 1): its waiting incident closes
+    # (nothing to restart) and the job is finished at its ranks' exit, t0+20.5: the
+    # 0.5 s from its last step to the exit is the job's time (other), nothing waits.
     _later(c, "job", 10, alive=False)
-    assert _goodput(c, "job")["goodput"] == pytest.approx(first["goodput"], abs=1e-9)
+    assert _state(c, "job")["state"] == "finished"
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "resolved" and "the job ended while it waited" in inc["outcome"]
+    ended = _goodput(c, "job")
+    assert ended["elapsed_s"] == pytest.approx(20.5, abs=1e-4)
+    assert ended["badput"]["waiting"] == 0
+    assert ended["goodput"] == pytest.approx(18.44 / 20.5, abs=1e-5)
+    _later(c, "job", 10, alive=False)
+    assert _goodput(c, "job")["goodput"] == pytest.approx(ended["goodput"], abs=1e-9)
