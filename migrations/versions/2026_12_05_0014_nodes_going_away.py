@@ -5,8 +5,8 @@ An agent stopped by SIGTERM/SIGINT (an upgrade, systemctl stop) says so in its l
 is set, the node's silence reads `agent_down` (the agent is gone, not the node), and the
 engine never takes that silence for evidence against the node.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-05
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013"
-down_revision: str | None = "0012"
+revision: str = "0014"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
