@@ -13,17 +13,21 @@ from typer.testing import CliRunner
 
 from tests.support import TOKEN
 from trainguard.agent.cli import app
-from trainguard.backend.app import GC_THRESHOLDS
+from trainguard.backend.app import GC_THRESHOLDS, Server
 
 
 def _collector_when_serving(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **env: str
 ) -> tuple[int, tuple[int, int, int]]:
-    """(frozen objects, thresholds) as `uvicorn.run` finds them when the server starts."""
+    """(frozen objects, thresholds) as the server finds them when it starts to serve
+    (`app.Server.run`, uvicorn's server with the shutdown that ends long-polls)."""
     seen: list[tuple[int, tuple[int, int, int]]] = []
-    monkeypatch.setattr(
-        uvicorn, "run", lambda *_, **__: seen.append((gc.get_freeze_count(), gc.get_threshold()))
-    )
+
+    def serve(server: uvicorn.Server, *_: object, **__: object) -> None:
+        seen.append((gc.get_freeze_count(), gc.get_threshold()))
+        server.started = True
+
+    monkeypatch.setattr(Server, "run", serve)
     before = gc.get_threshold()
     assert gc.get_freeze_count() == 0 and before != GC_THRESHOLDS
     try:
