@@ -10,12 +10,17 @@ failed, stopped) and cordoned nodes (readmission).
 - A waiting job restarts (launcher) once a node hosting its ranks is readmitted; a job
   that ended cleanly while it waited closes its incident instead (nothing to restart).
 - A `node_down` incident not acted on yet closes when the node's agent reports again.
+- A job that ended (finished, failed) closes its incidents no action was taken on (held
+  for an operator, in a cooldown) with that outcome, failed when the job failed: a
+  launcher that gave up leaves nothing to restart. Held exclusions stay (the node's).
 - A node cordoned by the engine is readmitted (policy `[readmission]`) once its agent has
   reported for `readmit_after_s` with every GPU present and no hard XID, and the health
   check hook (if any) exits 0; a node flagged for repair waits for an operator.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
@@ -86,11 +91,31 @@ def job_states(d: Decider, session: Session, now: float) -> None:
             # (An exclusion held for an operator stays pending: it is about the node.)
             ended = max((exits[r][0] for r, _, _ in ranks), default=last)
             _set(d, job, "finished", now, "every rank exited 0", ended)
+            _close_unacted(session, active, now, "finished", "every rank exited 0")
         elif not clean and now - last >= max(wait, END_GRACE_S) and not _under_way(inc):
             ended = max((ts for ts, _ in exits.values()), default=last)
-            _set(d, job, "failed", now, "its ranks are gone and its launcher gave up", ended)
+            why = "its ranks are gone and its launcher gave up"
+            _set(d, job, "failed", now, why, ended)
+            _close_unacted(session, active, now, "failed", why)
         elif _under_way(inc):
             _set(d, job, "restarting", now, "")
+
+
+def _close_unacted(
+    session: Session, active: Sequence[Incident], now: float, state: str, why: str
+) -> None:
+    """The job ended (`state`, `why`): its incidents that no action was taken on (held
+    for an operator, in a cooldown) have nothing left to restart and close with that
+    outcome, failed when the job failed. An exclusion held for an operator stays pending:
+    it is about the node, not the job."""
+    outcome = f"the job {state} ({why}) before this was acted on: nothing is left to restart"
+    for inc in active:
+        if inc.acted_at is not None or inc.level == "exclude_node":
+            continue
+        if state == "failed":
+            incidents.fail(session, inc, now, outcome, end_wait=True)
+        else:
+            incidents.resolve(session, inc, now, outcome)
 
 
 def _under_way(inc: Incident | None) -> bool:

@@ -138,8 +138,11 @@ class Stack:
         cell: Cell,
         max_restarts: int = 6,
         expect: dict[str, str] | None = None,
+        policy: str = "",
     ) -> None:
+        """`policy`: policy-file text over the defaults for the server (none: the defaults)."""
         self.tmp, self.cell, self.max_restarts = tmp, cell, max_restarts
+        self.policy = policy
         # A fault's expected outcome where it differs from the cell's (the budget's 409).
         self.expect = expect or {}
         self.port = free_port()
@@ -190,13 +193,17 @@ class Stack:
         )
 
     def server(self) -> None:
+        extra = {"TRAINGUARD_DATA_DIR": str(self.data)}
+        if self.policy:
+            (self.tmp / "policy.toml").write_text(self.policy)
+            extra["TRAINGUARD_POLICY_FILE"] = str(self.tmp / "policy.toml")
         p = self.start(
             "server",
             [
                 *(sys.executable, "-m", "trainguard.agent.cli", "server"),
                 *("--port", str(self.port), "--log-level", "warning"),
             ],
-            TRAINGUARD_DATA_DIR=str(self.data),
+            **extra,
         )
 
         def ready() -> bool:
