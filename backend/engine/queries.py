@@ -208,18 +208,6 @@ def first_step_after(session: Session, inc: Incident) -> Any:
     ).first()
 
 
-def steps_redone(session: Session, job_id: int, first_step: int, first_start: float) -> int:
-    """How many steps the recovery that began with step `first_step` (started at
-    `first_start`) does again: the step numbers from it up to the last one the job had
-    completed before it started (any rank, any generation). The same count as goodput's
-    wasted progress (analytics/goodput.py), which counts each execution of a step number
-    that is executed again later."""
-    done = session.scalar(
-        select(func.max(Step.step)).where(Step.job_id == job_id, Step.end <= first_start)
-    )
-    return 0 if done is None else max(0, done - first_step + 1)
-
-
 def recovered_by_itself(session: Session, inc: Incident) -> Any:
     """The first step of a generation later than the fault's that started after the
     fault: the job restarted without trainguard (NVRx's Wrapper, its launcher), or None:

@@ -24,12 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.engine.evidence import Evidence
-from trainguard.backend.engine.queries import (
-    capabilities,
-    first_step_after,
-    launcher_budget,
-    steps_redone,
-)
+from trainguard.backend.engine.queries import capabilities, launcher_budget
 from trainguard.backend.errors import Conflict, NotFound
 from trainguard.backend.incidents import reads
 from trainguard.backend.incidents.publish import changed
@@ -531,21 +526,15 @@ def resolve(
     resumed_at: float | None = None,
     resumed_step: int | None = None,
 ) -> None:
-    """The job trains again. `resumed_at`: when, if no ack said so already. The lost
-    steps, estimated from the last checkpoint when the incident opened, become the steps
-    the recovery does again (`queries.steps_redone`, goodput's own count), once its first
-    step is stored. (`resumed_step` is kept for the callers; the stored step decides.)"""
+    """The job trains again. `resumed_at`: when, if no ack said so already;
+    `resumed_step`: its first step since, for the progress lost when none was known."""
     if resumed_at is not None:
         inc.resumed_at = resumed_at
     inc.status = "resolved"
     inc.closed_at = now
     inc.not_before = None  # nothing is waited for any more
     inc.outcome = outcome[:2000]
-    session.flush()
-    first = first_step_after(session, inc)
-    if first is not None:
-        inc.lost_steps = steps_redone(session, inc.job_id, first.step, first.start)
-    elif resumed_step is not None and inc.lost_steps is None and inc.fault_step is not None:
+    if resumed_step is not None and inc.lost_steps is None and inc.fault_step is not None:
         inc.lost_steps = max(0, inc.fault_step - resumed_step + 1)
     changed(session, inc)
 
