@@ -316,13 +316,12 @@ def test_the_restart_dialog_offers_only_the_jobs_levels_and_says_why_one_is_refu
         feed.stop()
 
 
-def test_the_job_page_shows_the_launchers_restarts_left_and_the_dialog_offers_the_force(
-    signed_in: Page, cluster: Cluster, screenshot: Screenshot
-) -> None:
-    name = "budget-job"
+def budget_job(cluster: Cluster, name: str, node: str) -> JobFeed:
+    """A torchrun job of 2 ranks on `node` whose launcher has used 2 of its 3 restarts,
+    fed live until the API shows the one left."""
     seed = JobSeed(
         name,
-        ["budget-node-1"],
+        [node],
         ranks_per_node=2,
         steps=20,
         slow_rank=None,
@@ -335,6 +334,18 @@ def test_the_job_page_shows_the_launchers_restarts_left_and_the_dialog_offers_th
     feed.start()
     try:
         cluster.wait(lambda: cluster.api(f"jobs/{name}")["restarts_left"] == 1, "no budget arrived")
+    except BaseException:
+        feed.stop()
+        raise
+    return feed
+
+
+def test_the_job_page_shows_the_launchers_restarts_left_and_the_dialog_offers_the_force(
+    signed_in: Page, cluster: Cluster, screenshot: Screenshot
+) -> None:
+    name = "budget-job"
+    feed = budget_job(cluster, name, "budget-node-1")
+    try:
         page = signed_in
         page.goto(f"{cluster.url}/#/jobs/{name}")
         left = page.locator('#capabilities [data-field="restarts-left"]')
@@ -366,21 +377,8 @@ def test_a_fault_that_would_use_the_launchers_last_restart_waits_for_an_operator
     signed_in: Page, cluster: Cluster, screenshot: Screenshot
 ) -> None:
     name = "held-job"
-    seed = JobSeed(
-        name,
-        ["held-node-1"],
-        ranks_per_node=2,
-        steps=20,
-        slow_rank=None,
-        in_process=False,
-        launcher="torchrun",
-        max_restarts=3,
-        restart_count=2,
-    )
-    feed = JobFeed(cluster, seed, step=20)
-    feed.start()
+    feed = budget_job(cluster, name, "held-node-1")
     try:
-        cluster.wait(lambda: cluster.api(f"jobs/{name}")["restarts_left"] == 1, "no budget arrived")
         now = time.time()
         death = {"kind": "rank_exit", "ts": now, "job": name, "rank": 1, "data": {"signal": 9}}
         envelope = {"agent_id": agent_id(), "seq": 1, "sent_at": now, "simulated": True}
