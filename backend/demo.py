@@ -211,14 +211,11 @@ def run_demo(
 ) -> int:
     """Run everything until a stop signal; `launcher` None picks the job's launcher by
     what is installed (`job_launcher`)."""
-    if with_job and launcher is not None:
-        chosen, why = job_launcher()
-        if launcher == "ft_launcher" and chosen != "ft_launcher":
-            print(f"trainguard demo: --launcher ft_launcher: {why}", file=sys.stderr)
-            return 2
-        if launcher == "torchrun" and chosen is None:
-            print(f"trainguard demo: --launcher torchrun: {why}", file=sys.stderr)
-            return 2
+    try:
+        launcher, why = _choose(launcher) if with_job else (None, "")
+    except ValueError as exc:
+        print(f"trainguard demo: {exc}", file=sys.stderr)
+        return 2
     data_dir = data_dir.resolve()
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
@@ -257,7 +254,6 @@ def run_demo(
         sockets = []
         # Without torch there is no job, and no store for agent 0 to host; without NVRx the
         # job runs under torchrun.
-        launcher, why = _choose(with_job, launcher)
         store_port = _store_port() if launcher is not None else None
         for i in range(nodes):
             name = f"demo-node-{i}"
@@ -370,15 +366,18 @@ def job_launcher(python: tuple[int, int] = sys.version_info[:2]) -> tuple[str | 
     return "ft_launcher", ""
 
 
-def _choose(with_job: bool, asked: str | None) -> tuple[str | None, str]:
-    if not with_job:
-        return None, ""
-    if asked == "torchrun":
+def _choose(asked: str | None) -> tuple[str | None, str]:
+    """The job's launcher and why (`job_launcher`), or the one `--launcher` asked for,
+    which must be there: ValueError with the reason otherwise."""
+    found, why = job_launcher()
+    if asked is None or asked == found:
+        return found, why
+    if asked == "torchrun" and found is not None:
         return "torchrun", (
             "torchrun asked for (--launcher torchrun): no in-process Wrapper, so launcher "
             "restarts from the warm pool and no in_process level"
         )
-    return job_launcher()
+    raise ValueError(f"--launcher {asked}: {why}")
 
 
 def _start_job(
