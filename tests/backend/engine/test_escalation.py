@@ -43,9 +43,16 @@ def test_repeated_failures_climb_the_ladder(make_cluster: Any) -> None:
     for node in ("n1", "n2"):
         assert c.client.get(f"/api/v1/nodes/{node}").json()["cordoned"] is False
     stopped = incs[3]
-    assert stopped["status"] == "stopped" and stopped["commands"] == []
+    assert stopped["status"] == "stopped"
+    # stop_job ends the job through its launcher on each of its nodes (acked above).
+    assert sorted((k["action"], k["node"]) for k in stopped["commands"]) == [
+        ("stop_job", "n1"),
+        ("stop_job", "n2"),
+    ]
     assert "no more automatic restarts" in stopped["outcome"]
-    assert c.client.get("/api/v1/jobs/job").json()["state"] == "stopped"
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "stopped"
+    assert job["state_reason"].endswith("trainguard ended its launcher on n1, n2"), job
     # A job given up stays given up: later evidence joins the stopped incident.
     c.clock.advance(30)
     fault(c, node="n2", rank=2)
@@ -166,7 +173,8 @@ def test_cooldown_and_budget_stop_a_restart_storm(make_cluster: Any) -> None:
     incs = c.incidents("job")
     actions = [d for x in incs for d in x["decisions"] if d.get("restart")]
     assert len(actions) == 4  # the budget, spaced by the cooldown
-    assert commands == 4 * 2  # one command per node per action
+    # one command per node per action, then stop_job's to end the launcher on each node
+    assert commands == 4 * 2 + 2
     gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(actions)]
     assert all(g >= 10 for g in gaps)
     assert incs[-1]["status"] == "stopped" and "budget" in incs[-1]["outcome"]
