@@ -5,8 +5,11 @@ failed, stopped) and cordoned nodes (readmission).
   left it no schedulable node, `finished` once every rank it had exited 0 and no new
   generation followed within `END_GRACE_S`, `failed` when its ranks are gone, not all
   cleanly, and no generation followed within `escalation.relaunch_wait_s` (the launcher
-  gave up), `stopped` after stop_job while its ranks train on (it then ends finished or
-  failed like any job). A job seen again after its end runs again.
+  gave up), `stopped` after stop_job (ended when its ranks are, through the launcher the
+  agents ended; a job whose launcher could not be ended trains on, and ends finished or
+  failed like any job) and `stopped` "ended by a signal from outside" when every rank
+  ended by a stop signal its launcher got and passed on (evidence.stopped). A job seen
+  again after its end runs again. The whole machine: docs/engine.md, "Jobs: state".
 - A waiting job restarts (launcher) once a node hosting its ranks is readmitted; a job
   that ended cleanly while it waited closes its incident instead (nothing to restart).
 - A `node_down` incident not acted on yet closes when the node's agent reports again.

@@ -132,3 +132,68 @@ def test_stop_job_ends_the_job_through_its_launcher(tmp_path: Path) -> None:
         raise
     finally:
         stack.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_job_whose_ranks_exit_0_is_finished(tmp_path: Path) -> None:
+    """torchrun, 60 steps: every rank exits 0, the launcher exits 0, the job is
+    `finished` ("every rank exited 0") with no incident."""
+    stack = Stack(tmp_path, Cell("torchrun", wrapper=False, nodes=1), steps=60)
+    try:
+        stack.server()
+        stack.agents()
+        stack.launch()
+        launchers_gone(stack, timeout=180)
+        assert [p.returncode for p in stack.launchers] == [0]
+        job = wait_for(lambda: ended(stack), 60, 0.5)
+        assert (job["state"], job["state_reason"]) == ("finished", "every rank exited 0"), job
+        assert job["last_step"] == 59, job
+        assert stack.incidents() == []
+        check(stack.db_url)
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.close()
+
+
+@pytest.mark.timeout(420)
+def test_a_job_whose_only_node_is_excluded_waits_and_restarts_when_it_is_readmitted(
+    tmp_path: Path,
+) -> None:
+    """XID 79 on the one node of a torchrun job: the engine cordons the node, and with no
+    schedulable node left the job is `waiting` (its ranks train on: cordon means no new
+    work). An operator readmits the node: a launcher restart, and the job runs again."""
+    stack = Stack(tmp_path, Cell("torchrun", wrapper=False, nodes=1))
+    try:
+        stack.server()
+        stack.agents()
+        stack.launch()
+        ranks = stack.wait_live()
+        stack.fault("xid", ranks)
+
+        def waiting() -> dict[str, Any] | None:
+            job = stack.get(f"/jobs/{stack.job}")
+            return job if job["state"] == "waiting" else None
+
+        job = wait_for(waiting, 60, 0.5)
+        (inc,) = stack.incidents()
+        assert (inc["cause"], inc["level"], inc["status"]) == ("xid 79", "exclude_node", "open")
+        assert inc["outcome"].startswith("waiting"), inc
+        node = inc["node"]
+        assert stack.get(f"/nodes/{node}")["cordoned"] is True
+        t0 = time.time()
+        r = stack.http.post(f"/nodes/{node}/uncordon", json={"reason": "GPU reseated"})
+        assert r.status_code == 200, r.text
+        done = wait_for(lambda: (i := stack.incident(inc["id"]))["status"] != "open" and i, 180)
+        assert (done["status"], done["level"]) == ("resolved", "exclude_node"), done
+        assert [c["action"] for c in done["commands"]] == ["launcher"], done
+        stack.wait_live(after=t0)
+        job = stack.get(f"/jobs/{stack.job}")
+        assert job["state"] == "running", job
+        check(stack.db_url)
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.close()
