@@ -23,8 +23,8 @@ from trainguard.backend.cluster.schemas import (
     NodeDetail,
 )
 from trainguard.backend.db import SessionDep
-from trainguard.backend.engine.hooks import run_hook
 from trainguard.backend.errors import DomainError
+from trainguard.backend.hooks import run_hook
 from trainguard.backend.models import AuditLog
 from trainguard.backend.names import NodeName
 from trainguard.protocol.wire import EventKind

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 
 from trainguard.backend.cluster import cordons
 from trainguard.backend.engine import queries as q
-from trainguard.backend.engine.hooks import HookResult
 from trainguard.backend.engine.policy import Policy
+from trainguard.backend.hooks import HookResult
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.jobs.service import set_job_state
 from trainguard.backend.models import AuditLog, Gpu, Incident, Job, Node

@@ -17,10 +17,11 @@ from sqlalchemy.orm import Session
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, Actions
 from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence, Verdict, classify, describe
-from trainguard.backend.engine.policy import LADDER, next_level, rung
+from trainguard.backend.engine.policy import next_level, rung
 from trainguard.backend.incidents import service as incidents
+from trainguard.backend.jobs.service import capabilities, launcher_budget
 from trainguard.backend.models import Incident, Job
-from trainguard.backend.models.control import ACTIVE_STATUSES, IncidentEvidence
+from trainguard.backend.models.control import ACTIVE_STATUSES, LADDER, IncidentEvidence
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class Decider(Actions):
         if level in ("exclude_node", "reset_gpu") and not hardware:
             notes.append("no evidence against a node's hardware: no node is excluded")
             level = "launcher"
-        caps = q.capabilities(session, job.id, now - self.fresh_within_s)
+        caps = capabilities(session, job.id, now - self.fresh_within_s)
         if level == "in_process" and "in_process" not in caps["levels"]:
             notes.append("not every live rank runs under NVRx's Wrapper: launcher")
             level = "launcher"
@@ -250,7 +251,7 @@ class Decider(Actions):
             notes.append("no launcher respawns the job's ranks: stop_job")
             level = "stop_job"
         if level == "launcher" and "in_process" in caps["levels"]:
-            launcher = q.launcher_budget(session, job.id, now - self.fresh_within_s)
+            launcher = launcher_budget(session, job.id, now - self.fresh_within_s)
             if _last_restart(launcher) and not self._ladder_passed(session, job, now, "in_process"):
                 notes.append(f"{incidents.budget_text(launcher)}: in_process instead")
                 level = "in_process"
@@ -276,7 +277,7 @@ class Decider(Actions):
         its launcher restarts the ranks that died anyway."""
         if level not in BUDGET_LEVELS or inc.acted_at is not None:
             return False
-        budget = q.launcher_budget(session, job.id, self.clock() - self.fresh_within_s)
+        budget = launcher_budget(session, job.id, self.clock() - self.fresh_within_s)
         if not _last_restart(budget):
             return False
         now = self.clock()

@@ -19,8 +19,8 @@ from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, NO_RANK, HookJob
 from trainguard.backend.engine.decide import Decider
 from trainguard.backend.engine.evidence import JOB_CAUSES
-from trainguard.backend.engine.hooks import HookResult
 from trainguard.backend.engine.policy import next_level
+from trainguard.backend.hooks import HookResult
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.incidents.reads import NOTHING_HERE
 from trainguard.backend.models import Incident, Job, Node

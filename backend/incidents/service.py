@@ -18,17 +18,21 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from trainguard.backend.engine.evidence import Evidence
-from trainguard.backend.engine.queries import capabilities, launcher_budget
 from trainguard.backend.errors import Conflict, NotFound
 from trainguard.backend.incidents import reads
 from trainguard.backend.incidents.publish import changed
-from trainguard.backend.jobs.service import get_or_create_job, live_ranks, set_job_state
+from trainguard.backend.jobs.service import (
+    capabilities,
+    get_or_create_job,
+    launcher_budget,
+    live_ranks,
+    set_job_state,
+)
 from trainguard.backend.models import TIMELINE, AuditLog, Command, CommandAck, Incident, Job, Node
 from trainguard.backend.models.control import IncidentEvidence
 from trainguard.protocol import wire
@@ -44,6 +48,17 @@ _PHASE_FIELD = {
 
 
 # --- opening, evidence ----------------------------------------------------------------
+
+
+class Fact(Protocol):
+    """What an incident keeps of a piece of evidence (the engine's Evidence has it)."""
+
+    kind: str
+    ts: float
+    received_at: float
+    node_id: int | None
+    rank: int | None
+    xid: int | None
 
 
 def open_incident(
@@ -97,7 +112,7 @@ def open_incident(
 def add_evidence(
     session: Session,
     inc: Incident,
-    ev: Evidence,
+    ev: Fact,
     *,
     cause: str,
     action: str,
