@@ -18,6 +18,7 @@ from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, Actions
 from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence, Verdict, classify, describe
 from trainguard.backend.engine.policy import next_level, rung
+from trainguard.backend.incidents import operators
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.jobs.service import capabilities, launcher_budget
 from trainguard.backend.models import Incident, Job
@@ -253,7 +254,7 @@ class Decider(Actions):
         if level == "launcher" and "in_process" in caps["levels"]:
             launcher = launcher_budget(session, job.id, now - self.fresh_within_s)
             if _last_restart(launcher) and not self._ladder_passed(session, job, now, "in_process"):
-                notes.append(f"{incidents.budget_text(launcher)}: in_process instead")
+                notes.append(f"{operators.budget_text(launcher)}: in_process instead")
                 level = "in_process"
         budget = self.policy.model.limits.budget_per_hour
         if level != "stop_job":
@@ -281,7 +282,7 @@ class Decider(Actions):
         if not _last_restart(budget):
             return False
         now = self.clock()
-        text = incidents.budget_text(budget)
+        text = operators.budget_text(budget)
         incidents.hold(
             session,
             inc,
@@ -376,4 +377,4 @@ class Decider(Actions):
 def _last_restart(budget: dict[str, int | None]) -> bool:
     """One launcher restart left, or none (known from the job's live ranks)."""
     left = budget["restarts_left"]
-    return left is not None and left <= incidents.LAST_LAUNCHER_RESTART
+    return left is not None and left <= operators.LAST_LAUNCHER_RESTART

@@ -14,7 +14,7 @@ from sqlalchemy import event
 from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
 from trainguard.backend.db import SessionDep
-from trainguard.backend.incidents import listing, publish, reads, service
+from trainguard.backend.incidents import listing, operators, publish, reads
 from trainguard.backend.incidents.schemas import Answer, Incident, IncidentOut
 from trainguard.backend.jobs import service as jobs
 from trainguard.backend.jobs.schemas import LaunchFailure, RestartRequest
@@ -117,7 +117,7 @@ def get_incident(incident_id: IncidentId, session: SessionDep, _: ViewerDep) -> 
 def approve(
     incident_id: IncidentId, body: Answer, request: Request, session: SessionDep, who: OperatorDep
 ) -> IncidentOut:
-    inc = service.approve(session, incident_id, who.name, body.reason)
+    inc = operators.approve(session, incident_id, who.name, body.reason)
     publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     _wake_engine(request, session)
     return IncidentOut.model_validate(reads.incident_dict(session, inc))
@@ -133,7 +133,7 @@ def approve(
 def reject(
     incident_id: IncidentId, body: Answer, request: Request, session: SessionDep, who: OperatorDep
 ) -> IncidentOut:
-    inc = service.reject(session, incident_id, who.name, body.reason)
+    inc = operators.reject(session, incident_id, who.name, body.reason)
     publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     return IncidentOut.model_validate(reads.incident_dict(session, inc))
 
@@ -165,7 +165,7 @@ def restart_job(
     job: JobName, body: RestartRequest, request: Request, session: SessionDep, who: OperatorDep
 ) -> Incident:
     j = jobs.get_job(session, job)
-    incident = service.manual_restart(
+    incident = operators.manual_restart(
         session,
         j,
         level=body.level,
@@ -189,6 +189,6 @@ def restart_job(
 def launch_failure(
     job: JobName, body: LaunchFailure, request: Request, session: SessionDep, who: OperatorDep
 ) -> Incident:
-    incident = service.launch_failure(session, job, body.reason, actor=who.name)
+    incident = operators.launch_failure(session, job, body.reason, actor=who.name)
     publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     return Incident.model_validate(reads.incident_dict(session, incident))

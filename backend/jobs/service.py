@@ -12,19 +12,27 @@ from trainguard.backend.errors import NotFound
 from trainguard.backend.models import JOB_ENDED, Incident, Job, Node, Rank, Step
 
 
-def set_job_state(job: Job, state: str, now: float, reason: str = "") -> None:
+def set_job_state(
+    job: Job, state: str, now: float, reason: str = "", ended: float | None = None
+) -> None:
     """The job's state (JOB_STATES) with its reason; an ended state ends the job's
-    accounting (`ended_at`), any other but `stopped` reopens it."""
-    if job.state == state and job.state_reason == reason:
-        return
-    if job.state != state:
+    accounting (`ended_at`), any other but `stopped` reopens it. `ended`: when the job
+    ended, where its ranks say (a `stopped` job ends only so: given up on, its ranks may
+    still be training); it replaces the end only of a job that changes state or had none.
+    The one place a job's state is written."""
+    new_state = job.state != state
+    if not new_state and job.state_reason == reason[:2000] and (ended is None or job.ended_at):
+        return  # nothing changes (the sweep sets every job's state on every pass)
+    if new_state:
         job.state_since = now
     job.state = state
     job.state_reason = reason[:2000]
     if state in JOB_ENDED:
         job.ended_at = job.ended_at or now
-    elif state != "stopped":  # given up on, but its ranks may still be training
+    elif state != "stopped":
         job.ended_at = None
+    if ended is not None and (new_state or job.ended_at is None):
+        job.ended_at = ended
 
 
 def get_or_create_job(session: Session, name: str, now: float) -> Job:
