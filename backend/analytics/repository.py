@@ -25,17 +25,24 @@ class Placement:
 
 
 def cohort_steps(
-    session: Session, job_id: int, since: float, until: float | None
+    session: Session,
+    job_id: int,
+    since: float,
+    until: float | None,
+    ended_by: float | None = None,
 ) -> list[CohortStep]:
     """One row per (attempt, iteration, step) that ends at or after `since` and starts by
     `until` (None: any time): the earliest rank's start and the slowest rank's end. Plus
     the last step that ended before `since`, so the window's first step knows where it
-    began."""
+    began. `ended_by`: of the rows that ended by then only (a span long past, read
+    without scanning the (job_id, end) index to the job's newest step)."""
     stmt = select(
         Step.attempt, Step.iteration, Step.step, func.min(Step.start), func.max(Step.end)
     ).where(Step.job_id == job_id, Step.end >= since)
     if until is not None:
         stmt = stmt.where(Step.start <= until)
+    if ended_by is not None:
+        stmt = stmt.where(Step.end <= ended_by)
     rows = session.execute(stmt.group_by(Step.attempt, Step.iteration, Step.step)).all()
     out = [CohortStep(a, i, s, start, end) for a, i, s, start, end in rows]
     prev = session.execute(
@@ -126,17 +133,22 @@ def next_fault(session: Session, inc: Incident) -> float | None:
     )
 
 
-def redo_start(session: Session, job_id: int, since: float, until: float | None) -> float | None:
+def redo_start(
+    session: Session, job_id: int, since: float, until: float | None, ended_by: float | None
+) -> float | None:
     """From when the steps that restarts starting between `since` and `until` (None: no
     end) can have discarded were run: the end of the last step before `since` whose
-    number is below every step started in between (0.0 when there is none: from the
-    job's first step). A step run before that one was discarded, if at all, by the
-    restart that brought its number down, not by those. None: no step started between."""
+    number is below every step started in between (of the rows ended by `ended_by`), 0.0
+    when there is none: from the job's first step. A step run before that one was
+    discarded, if at all, by the restart that brought its number down, not by those.
+    None: no step started in between."""
     stmt = select(func.min(Step.step)).where(
         Step.job_id == job_id, Step.end >= since, Step.start >= since
     )
     if until is not None:
         stmt = stmt.where(Step.start <= until)
+    if ended_by is not None:
+        stmt = stmt.where(Step.end <= ended_by)
     lowest = session.scalar(stmt)
     if lowest is None:
         return None

@@ -137,10 +137,13 @@ def lost_steps(session: Session, inc: Incident) -> int | None:
     since, resumed = inc.fault_at, inc.resumed_at
     nxt = repo.next_fault(session, inc)
     until = min((t for t in (resumed, nxt) if t is not None), default=None)
-    begin = repo.redo_start(session, inc.job_id, since, until)
+    # Every rank's first step after the restart ended by `resumed_at` (the last node's
+    # ack, or the sweep's first step), and what it discarded before: nothing later is read.
+    ended_by = resumed if until is not None and until == resumed else None
+    begin = repo.redo_start(session, inc.job_id, since, until, ended_by)
     if begin is None:
         return 0
-    steps = repo.cohort_steps(session, inc.job_id, begin, until)
+    steps = repo.cohort_steps(session, inc.job_id, begin, until, ended_by)
 
     def mine(start: float) -> bool:
         return (

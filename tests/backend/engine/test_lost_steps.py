@@ -72,8 +72,9 @@ class Job:
         self.c.clock.t = self.t0 + offset
 
     def steps(self, numbers: Iterable[int], start: float, ranks: tuple[int, ...] = (0, 1)) -> float:
-        """1 s steps of the current generation from t0 + start, reported once they are all
-        done, with a checkpoint save after every tenth; returns the last end offset."""
+        """1 s steps of the current generation from t0 + start (rank 1 starts each 0.01 s
+        later and ends it 0.02 s later), reported once they are all done, with a
+        checkpoint save after every tenth; returns the last end offset."""
         attempt, iteration = self.gen
         reports, events, t = [], [], start
         for n in numbers:
@@ -83,8 +84,8 @@ class Job:
                         job=self.name,
                         rank=r,
                         step=n,
-                        start=self.t0 + t,
-                        end=self.t0 + t + 1,
+                        start=self.t0 + t + 0.01 * r,
+                        end=self.t0 + t + 1 + 0.02 * r,
                         attempt=attempt,
                         iteration=iteration,
                     )
