@@ -137,8 +137,9 @@ def lost_steps(session: Session, inc: Incident) -> int | None:
     since, resumed = inc.fault_at, inc.resumed_at
     nxt = repo.next_fault(session, inc)
     until = min((t for t in (resumed, nxt) if t is not None), default=None)
-    # Every rank's first step after the restart ended by `resumed_at` (the last node's
-    # ack, or the sweep's first step), and what it discarded before: nothing later is read.
+    # The restart's first step ended by `resumed_at` (on every rank when the last node's
+    # ack set it; on one at least, enough to find it, when the sweep did), and what it
+    # discarded ended before it started: no row that ended later is read.
     ended_by = resumed if until is not None and until == resumed else None
     begin = repo.redo_start(session, inc.job_id, since, until, ended_by)
     if begin is None:
