@@ -24,15 +24,26 @@ class Placement:
     gpu_uuid: str | None
 
 
-def cohort_steps(session: Session, job_id: int, since: float, until: float) -> list[CohortStep]:
+def cohort_steps(
+    session: Session,
+    job_id: int,
+    since: float,
+    until: float | None,
+    ended_by: float | None = None,
+) -> list[CohortStep]:
     """One row per (attempt, iteration, step) that ends at or after `since` and starts by
-    `until`: the earliest rank's start and the slowest rank's end. Plus the last step that
-    ended before `since`, so the window's first step knows where it began."""
-    rows = session.execute(
-        select(Step.attempt, Step.iteration, Step.step, func.min(Step.start), func.max(Step.end))
-        .where(Step.job_id == job_id, Step.end >= since, Step.start <= until)
-        .group_by(Step.attempt, Step.iteration, Step.step)
-    ).all()
+    `until` (None: any time): the earliest rank's start and the slowest rank's end. Plus
+    the last step that ended before `since`, so the window's first step knows where it
+    began. `ended_by`: of the rows that ended by then only (a span long past, read
+    without scanning the (job_id, end) index to the job's newest step)."""
+    stmt = select(
+        Step.attempt, Step.iteration, Step.step, func.min(Step.start), func.max(Step.end)
+    ).where(Step.job_id == job_id, Step.end >= since)
+    if until is not None:
+        stmt = stmt.where(Step.start <= until)
+    if ended_by is not None:
+        stmt = stmt.where(Step.end <= ended_by)
+    rows = session.execute(stmt.group_by(Step.attempt, Step.iteration, Step.step)).all()
     out = [CohortStep(a, i, s, start, end) for a, i, s, start, end in rows]
     prev = session.execute(
         select(Step.attempt, Step.iteration, Step.step, Step.start, Step.end)
@@ -107,6 +118,46 @@ def incidents(
     if since is not None:
         stmt = stmt.where((Incident.resumed_at.is_(None)) | (Incident.resumed_at >= since))
     return list(session.scalars(stmt.order_by(fault)))
+
+
+def next_fault(session: Session, inc: Incident) -> float | None:
+    """The fault time of the job's next incident (by fault time, then id), or None: where
+    this incident's recovery ends at the latest, as goodput orders incidents."""
+    fault = func.coalesce(Incident.fault_at, Incident.created_at)
+    mine = inc.fault_at if inc.fault_at is not None else inc.created_at
+    return session.scalar(
+        select(func.min(fault)).where(
+            Incident.job_id == inc.job_id,
+            (fault > mine) | ((fault == mine) & (Incident.id > inc.id)),
+        )
+    )
+
+
+def redo_start(
+    session: Session, job_id: int, since: float, until: float | None, ended_by: float | None
+) -> float | None:
+    """From when the steps that restarts starting between `since` and `until` (None: no
+    end) can have discarded were run: the end of the last step before `since` whose
+    number is below every step started in between (of the rows ended by `ended_by`), 0.0
+    when there is none: from the job's first step. A step run before that one was
+    discarded, if at all, by the restart that brought its number down, not by those.
+    None: no step started in between."""
+    stmt = select(func.min(Step.step)).where(
+        Step.job_id == job_id, Step.end >= since, Step.start >= since
+    )
+    if until is not None:
+        stmt = stmt.where(Step.start <= until)
+    if ended_by is not None:
+        stmt = stmt.where(Step.end <= ended_by)
+    lowest = session.scalar(stmt)
+    if lowest is None:
+        return None
+    below = session.scalar(
+        select(func.max(Step.end)).where(
+            Step.job_id == job_id, Step.end < since, Step.step < lowest
+        )
+    )
+    return 0.0 if below is None else below
 
 
 def placements(session: Session, job_id: int) -> list[Placement]:

@@ -217,7 +217,12 @@ def recovered_by_itself(session: Session, inc: Incident) -> Any:
         return None
     return session.execute(
         select(Step.step, Step.start, Step.end)
-        .where(Step.job_id == inc.job_id, Step.start >= inc.fault_at, newer)
+        .where(
+            Step.job_id == inc.job_id,
+            Step.end >= inc.fault_at,  # implied by the start; bounds the (job_id, end) scan
+            Step.start >= inc.fault_at,
+            newer,
+        )
         .order_by(Step.end)
         .limit(1)
     ).first()

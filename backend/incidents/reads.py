@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
+from trainguard.backend.analytics.service import lost_steps
 from trainguard.backend.errors import NotFound
 from trainguard.backend.models import TIMELINE, Command, CommandAck, Incident, Job, Node
 from trainguard.backend.models.control import IncidentEvidence
@@ -60,7 +61,7 @@ def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
         "status": inc.status,
         "outcome": inc.outcome,
         "fault_step": inc.fault_step,
-        "lost_steps": inc.lost_steps,
+        "lost_steps": lost_steps(session, inc),  # the estimate until the job restarted
         "node": fault_node.name if fault_node is not None else None,
         "gpu_uuid": inc.gpu_uuid,
         "xid": inc.xid,
