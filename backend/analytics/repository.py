@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, func, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.analytics.goodput import CohortStep
@@ -247,3 +247,60 @@ def node_gpus(session: Session, node_id: int) -> list[tuple[str, int]]:
         select(Gpu.uuid, Gpu.index).where(Gpu.node_id == node_id).order_by(Gpu.index)
     )
     return [(uuid, index) for uuid, index in rows]
+
+
+# --- an incident's recovery, from the job's steps ---------------------------------------
+
+
+def _newer_generation(inc: Incident) -> Any:
+    if inc.fault_attempt is None or inc.fault_iteration is None:
+        return None
+    return or_(
+        Step.attempt > inc.fault_attempt,
+        and_(Step.attempt == inc.fault_attempt, Step.iteration > inc.fault_iteration),
+    )
+
+
+def first_step_after(session: Session, inc: Incident) -> Any:
+    """The first step of the job's recovery, or None: (step, start, end). It is a step of a
+    later generation than the fault's (or one started after the restart ack) that started
+    after the current action was taken (or after the fault, when none was): a step still
+    in flight at the fault, or one of a restart that came before the action, is not the
+    action's resumption."""
+    if inc.fault_at is None:
+        return None
+    conds = []
+    newer = _newer_generation(inc)
+    if newer is not None:
+        conds.append(newer)
+    if inc.restarted_at is not None:
+        conds.append(Step.start >= inc.restarted_at)
+    if not conds:
+        return None
+    after = max(inc.fault_at, inc.acted_at or 0.0)
+    return session.execute(
+        select(Step.step, Step.start, Step.end)
+        .where(Step.job_id == inc.job_id, Step.start >= after, or_(*conds))
+        .order_by(Step.end)
+        .limit(1)
+    ).first()
+
+
+def recovered_by_itself(session: Session, inc: Incident) -> Any:
+    """The first step of a generation later than the fault's that started after the
+    fault: the job restarted without trainguard (NVRx's Wrapper, its launcher), or None:
+    (step, start, end)."""
+    newer = _newer_generation(inc)
+    if newer is None or inc.fault_at is None:
+        return None
+    return session.execute(
+        select(Step.step, Step.start, Step.end)
+        .where(
+            Step.job_id == inc.job_id,
+            Step.end >= inc.fault_at,  # implied by the start; bounds the (job_id, end) scan
+            Step.start >= inc.fault_at,
+            newer,
+        )
+        .order_by(Step.end)
+        .limit(1)
+    ).first()

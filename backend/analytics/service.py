@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 from trainguard.backend.analytics import advice
 from trainguard.backend.analytics import repository as repo
 from trainguard.backend.analytics.goodput import Accounting, account, redone
-from trainguard.backend.engine.queries import recovered_by_itself
 from trainguard.backend.errors import DomainError, NotFound
 from trainguard.backend.models import Event, Incident, Job
 
@@ -131,7 +130,7 @@ def lost_steps(session: Session, inc: Incident) -> int | None:
     resumed, by `resumed_at`. Each rollback belongs to one incident at most, so the
     incidents' lost steps add up to the job's wasted steps (less those of a restart no
     incident covers)."""
-    if recovered_by_itself(session, inc) is None:  # (None too without a fault time)
+    if repo.recovered_by_itself(session, inc) is None:  # (None too without a fault time)
         return inc.lost_steps
     assert inc.fault_at is not None
     since, resumed = inc.fault_at, inc.resumed_at

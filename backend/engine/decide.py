@@ -14,6 +14,7 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from trainguard.backend.analytics import repository as steps
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, Actions
 from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence, Verdict, classify, describe
@@ -309,7 +310,7 @@ class Decider(Actions):
         acting now would restart a job that already recovered."""
         if inc.acted_at is not None or inc.cause not in JOB_CAUSES:
             return False
-        first = q.recovered_by_itself(session, inc)
+        first = steps.recovered_by_itself(session, inc)
         if first is None:
             return False
         now = self.clock()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from trainguard.backend.analytics import repository as steps
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, NO_RANK, HookJob
 from trainguard.backend.engine.decide import Decider
@@ -133,7 +134,7 @@ def relaunch_waits(d: Decider, session: Session, now: float) -> None:
 def _resumed_anyway(d: Decider, session: Session, inc: Incident, now: float) -> bool:
     """A command acked failed while the job did resume after the action (its launcher or
     NVRx restarted it): the restart worked, the incident is resolved."""
-    first = q.first_step_after(session, inc)
+    first = steps.first_step_after(session, inc)
     if first is None:
         return False
     incidents.resolve(
@@ -207,7 +208,7 @@ def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
         or_(Incident.resumed_at.is_(None), Incident.resumed_at <= now - PARTIAL_GRACE_S),
     )
     for inc in rows:
-        first = q.first_step_after(session, inc)
+        first = steps.first_step_after(session, inc)
         if first is None or first.end > now - RESUME_GRACE_S:
             continue
         acked = inc.resumed_at is not None
