@@ -1,6 +1,6 @@
 """The options of `trainguard bench chaos` (backend/bench/chaos.py runs it): the mix of
 faults, the shape of the job and of the nodes, the agent deaths, `parse_config` that
-checks the CLI's options, and the plan of faults a job run injects (agent/faults.py).
+checks the CLI's options, and the plan of faults a job run injects (examples/faults.py).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The mix of the job's own faults (agent/faults.py weights; "xid" is XID 79: the simulated
+# The mix of the job's own faults (examples/faults.py weights; "xid" is XID 79: the simulated
 # GPU falls off the bus). Agent deaths come on top, from the bench.
 DEFAULT_KINDS = "exception:0.3,sigkill:0.25,hang:0.2,xid:0.25"
 GPUS_PER_NODE = 2
@@ -82,8 +82,8 @@ def _down_after_s() -> float:
 
 
 def _plan(cfg: ChaosConfig, run_seed: int) -> list[Any]:
-    """The faults a job run injects: the plan every rank draws (agent/faults.py)."""
-    from trainguard.agent import faults
+    """The faults a job run injects: the plan every rank draws (examples/faults.py)."""
+    from trainguard.examples import faults
 
     return faults.plan(
         cfg.faults_per_run,

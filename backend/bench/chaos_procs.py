@@ -67,7 +67,7 @@ class Chaos:
     # --- processes ---------------------------------------------------------------------
 
     def up(self) -> None:
-        from trainguard.agent.storehost import StoreHost
+        from trainguard.agent.executors.storehost import StoreHost
         from trainguard.backend import demojob
         from trainguard.backend.bench.recovery_engine import Backend
 
@@ -288,7 +288,7 @@ class Chaos:
 
     def rank_faults(self, steps: list[Step]) -> list[Fault]:
         """The faults the ranks fired: each run's plan, and the marker file a rank writes
-        just before it fires one (agent/faults.py Injector), whose first word is the time."""
+        just before it fires one (examples/faults.py Injector), whose first word is the time."""
         last: dict[tuple[str, int], list[Step]] = {}
         for s in sorted(steps, key=lambda s: s.end):
             last.setdefault((s.job, s.rank), []).append(s)
