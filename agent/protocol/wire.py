@@ -10,6 +10,7 @@ Times are Unix epoch seconds (float, UTC) from the observing machine's clock.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -29,6 +30,15 @@ MAX_GPUS = 64
 # Names appear in URL paths (/nodes/{node}, /jobs/{job}): no "/" in them.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$"
 Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=NAME_PATTERN)]
+_NAME_BAD = re.compile(r"[^A-Za-z0-9._:@-]")
+
+
+def wire_name(text: str) -> str:
+    """`text` made into a wire name (1-128 characters of the allowed set)."""
+    name = _NAME_BAD.sub("-", text.strip())[:128]
+    return name if name[:1].isalnum() else ("j" + name)[:128]
+
+
 Uuid = Annotated[str, Meta(min_length=1, max_length=96)]
 Text = Annotated[str, Meta(max_length=4096)]
 Short = Annotated[str, Meta(max_length=256)]

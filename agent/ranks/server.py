@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from trainguard.agent.ranks.liveness import Liveness, ProcInfo, pid_reused, proc_info
 from trainguard.agent.ranks.table import RankRecord, RankTable
+from trainguard.protocol.discovery import SOCKET_DIRS_ENV, probe_socket, socket_candidates
 from trainguard.protocol.messages import (
     MAX_DATAGRAM,
     Hello,
@@ -49,7 +50,6 @@ from trainguard.protocol.messages import (
     encode,
 )
 from trainguard.protocol.wire import RankStatus
-from trainguard.sdk.discovery import SOCKET_DIRS_ENV, probe_socket, socket_candidates
 
 __all__ = ["LocalServer", "ProcInfo", "RankRecord", "proc_info", "well_known_socket"]
 

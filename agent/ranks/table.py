@@ -37,8 +37,7 @@ from trainguard.protocol.messages import (
     Steps,
     StepTiming,
 )
-from trainguard.protocol.wire import Event, Name, RankStatus, StepReport
-from trainguard.sdk.identity import wire_name
+from trainguard.protocol.wire import Event, Name, RankStatus, StepReport, wire_name
 
 
 @dataclass

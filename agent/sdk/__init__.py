@@ -27,7 +27,7 @@ Restart requests (`in_process` from the agent) set a flag; the step hook raises
 reported once, before the process dies (trainguard.sdk.hooks); the goodbye at exit says
 whether the rank ended cleanly.
 
-The modules: `discovery` (finding the agent), `identity` (job, launcher, Wrapper),
+The modules: `identity` (job, launcher, Wrapper),
 `transport` (the socket), `session` (the step hook and the reports), `restart`, `hooks`.
 """
 
@@ -37,9 +37,7 @@ import contextlib
 import os
 import sys
 
-from trainguard.protocol.messages import LAUNCHERS
-from trainguard.sdk import hooks
-from trainguard.sdk.discovery import (
+from trainguard.protocol.discovery import (
     SOCKET_DIRS_ENV,
     SOCKET_ENV,
     SOCKET_NAME,
@@ -48,6 +46,9 @@ from trainguard.sdk.discovery import (
     probe_socket,
     socket_candidates,
 )
+from trainguard.protocol.messages import LAUNCHERS
+from trainguard.protocol.wire import wire_name
+from trainguard.sdk import hooks
 from trainguard.sdk.identity import (
     JobIdentity,
     RestartBudget,
@@ -60,7 +61,6 @@ from trainguard.sdk.identity import (
     running_wrapper,
     shared_store_warning,
     under_wrapper,
-    wire_name,
 )
 from trainguard.sdk.restart import RestartRequested
 from trainguard.sdk.session import FLUSH_INTERVAL_S, Session

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import NamedTuple
 
+from trainguard.protocol.wire import wire_name
+
 # The wire's `Name` (trainguard.protocol.wire): letters, digits and ._:@- (no "/": names
 # are URL parts).
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._:@-]")
@@ -28,12 +30,6 @@ class JobIdentity(NamedTuple):
     display_name: str  # readable: the script name and a short id
     launcher: str  # one of LAUNCHERS (trainguard.protocol.messages)
     source: str  # the rule that named the job (see job_identity)
-
-
-def wire_name(text: str) -> str:
-    """`text` made into a wire name (1-128 characters of the allowed set)."""
-    name = _NAME_BAD.sub("-", text.strip())[:128]
-    return name if name[:1].isalnum() else ("j" + name)[:128]
 
 
 def launcher_from_env(env: Mapping[str, str] | None = None) -> str:

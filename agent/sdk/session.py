@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from trainguard.protocol.discovery import listening_candidate
 from trainguard.protocol.messages import (
     LAUNCHERS,
     STEPS_PER_DATAGRAM,
@@ -33,7 +34,6 @@ from trainguard.protocol.messages import (
     StepTiming,
 )
 from trainguard.sdk import hooks
-from trainguard.sdk.discovery import listening_candidate
 from trainguard.sdk.identity import WRAP_MODULE, in_process_blocker, parent_pid, running_wrapper
 from trainguard.sdk.restart import RestartRequested, Restarts
 from trainguard.sdk.transport import Transport

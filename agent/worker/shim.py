@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
+from trainguard.protocol import discovery
 from trainguard.worker import OFF, POOL_ENV, ignore_pynvml_deprecation, pool_path_for
 
 # The first answer of the pool: a live pool answers in microseconds; this bounds a stuck one.
@@ -73,23 +74,6 @@ def interpreter() -> dict[str, Any]:
     }
 
 
-def _discovery() -> Any:
-    """trainguard.sdk.discovery without the SDK package's __init__ (its imports cost
-    ~25 ms, more than everything else the shim does): the one file, loaded by path."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("trainguard.sdk")  # imports `trainguard` only
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(next(iter(spec.submodule_search_locations)), "discovery.py")
-    file_spec = importlib.util.spec_from_file_location("trainguard.worker._discovery", path)
-    if file_spec is None or file_spec.loader is None:
-        return None
-    mod = importlib.util.module_from_spec(file_spec)
-    file_spec.loader.exec_module(mod)
-    return mod
-
-
 def find_pool(env: Mapping[str, str] | None = None) -> tuple[str | None, str]:
     """The pool's socket, and why there is none ('' when none is wanted: POOL_ENV off).
     TRAINGUARD_WORKER_POOL names it; else it sits beside the agent's socket, found as the
@@ -100,10 +84,7 @@ def find_pool(env: Mapping[str, str] | None = None) -> tuple[str | None, str]:
         return None, ""
     if explicit:
         return explicit, ""
-    disc = _discovery()
-    if disc is None:
-        return None, "cannot load trainguard.sdk.discovery"
-    agent, why = disc.find_socket(env)
+    agent, why = discovery.find_socket(env)
     if agent is None:
         return None, f"no node agent ({why})"
     return pool_path_for(agent), ""

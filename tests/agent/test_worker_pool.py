@@ -414,6 +414,8 @@ def test_the_shim_imports_nothing_heavy() -> None:
     assert r.stdout.split("\n")[0] == str(
         [
             "trainguard",
+            "trainguard.protocol",
+            "trainguard.protocol.discovery",  # the os and socket modules, no msgspec
             "trainguard.worker",
             "trainguard.worker.shim",
         ]

@@ -9,7 +9,8 @@ source with `ast`: every import statement, at the top of a module or inside a fu
   import inside `try: ... except ImportError` is optional, not a dependency: torch when
   present);
 - the worker shim (agent/worker/__init__.py, __main__.py, shim.py: it runs before every
-  worker a launcher starts) imports the standard library and trainguard.worker only;
+  worker a launcher starts) imports the standard library, trainguard.worker and
+  trainguard.protocol.discovery only;
 - the engine (backend/engine/**) knows no HTTP: no fastapi, no starlette. Its router.py,
   the domain's REST surface like every domain's, is the exception, and no other engine
   module imports it;
@@ -155,9 +156,12 @@ def rule_broken(rel: str, imp: Import) -> str | None:
     if (
         rel in ("agent/worker/__init__.py", "agent/worker/__main__.py", "agent/worker/shim.py")
         and not _stdlib(t)
-        and not _under(t, "trainguard.worker")
+        and not _under(t, "trainguard.worker", "trainguard.protocol.discovery")
     ):
-        return "the worker shim runs before every worker: the standard library only"
+        return (
+            "the worker shim runs before every worker: the standard library, the worker and "
+            "the protocol's discovery only"
+        )
     if rel.startswith("agent/client/") and (
         _under(t, "trainguard") and not _under(t, "trainguard.client", "trainguard.protocol")
     ):
