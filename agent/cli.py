@@ -107,7 +107,7 @@ def agent(
     raise typer.Exit(agent_main(cfg, setup=_add_local_components))
 
 
-def _add_local_components(agent_obj) -> None:
+def _add_local_components(agent_obj: Any) -> None:
     """The SDK socket server (ranks, steps, heartbeats) and the command executor."""
     from trainguard.agent.executors.loop import CommandLoop
     from trainguard.agent.ranks.server import LocalServer

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -200,7 +201,7 @@ def limit_operator_action(request: Request, principal: Principal) -> None:
     )
 
 
-def require(role: Role):
+def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
     async def dep(request: Request) -> Principal:
         principal = await authorize(request, role)
         if role == "operator":  # every operator route is an action (restart, cordon ...)

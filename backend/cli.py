@@ -19,6 +19,10 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 if TYPE_CHECKING:  # the server's modules load only when a command runs
+    from collections.abc import Callable
+
+    from sqlalchemy.orm import Session
+
     from trainguard.backend.settings import Settings
 
 # The modules of the `server` extra that these commands import (pyproject.toml).
@@ -246,7 +250,7 @@ def _has_tokens(url: str) -> bool:
         engine.dispose()
 
 
-def _token_session(database_url: str | None, data_dir: Path | None):
+def _token_session(database_url: str | None, data_dir: Path | None) -> Session:
     from sqlalchemy.orm import Session
 
     from trainguard.backend import db
@@ -318,7 +322,7 @@ def token_revoke(
     typer.echo(f"token {token_id} revoked")
 
 
-def _run_migration(fn, url: str) -> None:
+def _run_migration(fn: Callable[[], object], url: str) -> None:
     from sqlalchemy.exc import OperationalError
 
     try:

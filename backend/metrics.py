@@ -8,10 +8,11 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
@@ -23,7 +24,7 @@ class WriterCollector(Collector):
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         stats = self.app.state.writer.stats
         for key, help_ in (
             ("batches", "ingest batches stored"),
@@ -59,7 +60,7 @@ class AnalyticsCollector(Collector):
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         monitor = getattr(self.app.state, "analytics", None)
         gauges = monitor.gauges if monitor is not None else {}
         counts = monitor.stragglers if monitor is not None else {}
@@ -117,7 +118,7 @@ class ControlCollector(Collector):
         self.app.state.metrics_db_cache = (now, statuses, restarts)
         return statuses, restarts
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
             "trainguard_database_up", "1 when this replica could read the database for /metrics"
         )
@@ -149,7 +150,7 @@ class ControlCollector(Collector):
         yield from self._fanout()
         yield from self._alerts()
 
-    def _engine(self):
+    def _engine(self) -> Iterator[Metric]:
         engine = getattr(self.app.state, "decision_engine", None)
         replica = f"{socket.gethostname()}:{os.getpid()}"
         leader = GaugeMetricFamily(
@@ -186,7 +187,7 @@ class ControlCollector(Collector):
             c.add_metric([key], n)
         yield c
 
-    def _fanout(self):
+    def _fanout(self) -> Iterator[Metric]:
         stats = getattr(getattr(self.app.state, "bus", None), "stats", None)
         if stats is None:
             return
@@ -205,7 +206,7 @@ class ControlCollector(Collector):
         g.add_metric([], stats.remote_topics)
         yield g
 
-    def _alerts(self):
+    def _alerts(self) -> Iterator[Metric]:
         alerts = getattr(self.app.state, "alerts", None)
         if alerts is None:
             return
