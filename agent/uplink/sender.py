@@ -31,11 +31,11 @@ import httpx
 import msgspec
 
 from trainguard.agent.config import AgentConfig
+from trainguard.agent.uplink.batches import BODY_LIMIT, Part, merged, split_to_limits, valid_records
 from trainguard.agent.uplink.outbox import Drained, Outbox
 from trainguard.agent.uplink.spool import Spool, SpoolEntry
 from trainguard.protocol.wire import (
     JSON_TYPE,
-    MAX_BODY_BYTES,
     MAX_EVENTS,
     MAX_GPUS,
     MAX_RANKS,
@@ -107,95 +107,6 @@ class UplinkStats:
     last_error_at: float | None = None
     last_sent_at: float | None = None
     clock_offset_s: float | None = None  # server clock minus ours (positive: we are behind)
-
-
-# --- building batches -------------------------------------------------------------------
-
-_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
-    tp: msgspec.json.Decoder(tp) for tp in (GpuSample, Event, StepReport, GpuInfo, RankStatus)
-}
-_BODY_LIMIT = MAX_BODY_BYTES - 4096  # room for the header fields filled in after splitting
-
-
-def _valid_records(records: list[Any], tp: type, errors: list[str]) -> list[Any]:
-    """The records that pass the wire's own validation; the first error goes to `errors`."""
-    out = []
-    for r in records:
-        try:
-            _DECODERS[tp].decode(encode(r))
-        except msgspec.ValidationError as exc:
-            errors.append(f"{tp.__name__}: {exc}")  # one entry per invalid record
-            continue
-        out.append(r)
-    return out
-
-
-@dataclass
-class _Part:
-    samples: list[GpuSample]
-    events: list[Event]
-    steps: list[StepReport]
-    gpus: list[GpuInfo] | None
-    ranks: list[RankStatus] | None
-
-    def records(self) -> int:
-        return len(self.samples) + len(self.events) + len(self.steps)
-
-    def halves(self) -> tuple[_Part, _Part]:
-        hs, he, ht = len(self.samples) // 2, len(self.events) // 2, len(self.steps) // 2
-        return (
-            _Part(self.samples[:hs], self.events[:he], self.steps[:ht], self.gpus, self.ranks),
-            _Part(self.samples[hs:], self.events[he:], self.steps[ht:], None, None),
-        )
-
-    def batch(self, node: str, agent_id: str, seq: int, sent_at: float, sim: bool) -> Batch:
-        return Batch(
-            node=node,
-            agent_id=agent_id,
-            seq=seq,
-            sent_at=sent_at,
-            simulated=sim,
-            gpus=self.gpus,
-            samples=self.samples,
-            events=self.events,
-            steps=self.steps,
-            ranks=self.ranks,
-        )
-
-
-def _merged(a: Batch, b: Batch, max_bytes: int) -> tuple[Batch, bytes] | None:
-    """`b`'s records after `a`'s, under `a`'s key (node, agent_id, seq) with `b`'s time
-    and latest state (GPU inventory, rank status), and its JSON; None when it would pass
-    a wire limit or `max_bytes` encoded."""
-    if (
-        len(a.samples) + len(b.samples) > MAX_SAMPLES
-        or len(a.events) + len(b.events) > MAX_EVENTS
-        or len(a.steps) + len(b.steps) > MAX_STEPS
-    ):
-        return None
-    merged = msgspec.structs.replace(
-        a,
-        sent_at=b.sent_at,
-        gpus=b.gpus if b.gpus is not None else a.gpus,
-        ranks=b.ranks if b.ranks is not None else a.ranks,
-        samples=a.samples + b.samples,
-        events=a.events + b.events,
-        steps=a.steps + b.steps,
-    )
-    body = encode(merged)
-    return (merged, body) if len(body) <= max_bytes else None
-
-
-def split_to_limits(part: _Part) -> list[_Part]:
-    """Split until every part encodes under the wire's body limit (halving the lists)."""
-    probe = part.batch("n", "00000000", 1, 0.0, False)
-    if len(encode(probe)) <= _BODY_LIMIT:
-        return [part]
-    if part.records() <= 1:
-        log.warning("dropped one record that alone exceeds the %d-byte body limit", MAX_BODY_BYTES)
-        return []
-    a, b = part.halves()
-    return split_to_limits(a) + split_to_limits(b)
 
 
 # --- the uplink -------------------------------------------------------------------------
@@ -317,7 +228,7 @@ class Uplink:
         if not parts and (goodbye or not len(self.spool)):
             if not goodbye and (self.monotonic() - self._last_batch_mono < HEARTBEAT_S or final):
                 return
-            parts = [_Part([], [], [], None, None)]
+            parts = [Part([], [], [], None, None)]
         link_down = len(self.spool) > 0 or self.monotonic() < self._retry_at
         for i, part in enumerate(parts):
             if link_down:
@@ -337,8 +248,8 @@ class Uplink:
         if not final:
             self._replay()
 
-    def _drain(self) -> list[_Part]:
-        parts: list[_Part] = []
+    def _drain(self) -> list[Part]:
+        parts: list[Part] = []
         for _ in range(64):  # a bound, so a fast producer cannot hold the tick forever
             d = self.outbox.drain(MAX_SAMPLES, MAX_EVENTS, MAX_STEPS)
             if d.empty() and not d.dropped:
@@ -353,12 +264,12 @@ class Uplink:
                 break
         return parts
 
-    def _checked(self, d: Drained) -> _Part:
+    def _checked(self, d: Drained) -> Part:
         events = list(d.events)
         if d.dropped:
             self._stats.records_dropped += d.dropped
             events.append(self._gap_event({"records": d.dropped, "where": "outbox"}))
-        part = _Part(
+        part = Part(
             list(d.samples),
             events,
             list(d.steps),
@@ -371,28 +282,28 @@ class Uplink:
         except msgspec.ValidationError:
             pass
         errors: list[str] = []
-        part = _Part(
-            _valid_records(part.samples, GpuSample, errors),
-            _valid_records(part.events, Event, errors),
-            _valid_records(part.steps, StepReport, errors),
-            _valid_records(part.gpus, GpuInfo, errors) if part.gpus is not None else None,
-            _valid_records(part.ranks, RankStatus, errors) if part.ranks is not None else None,
+        part = Part(
+            valid_records(part.samples, GpuSample, errors),
+            valid_records(part.events, Event, errors),
+            valid_records(part.steps, StepReport, errors),
+            valid_records(part.gpus, GpuInfo, errors) if part.gpus is not None else None,
+            valid_records(part.ranks, RankStatus, errors) if part.ranks is not None else None,
         )
         self._stats.records_invalid += len(errors)
         log.warning("dropped %d invalid records (first: %s)", len(errors), errors[:1])
         return part
 
-    def _numbered(self, part: _Part) -> Batch:
+    def _numbered(self, part: Part) -> Batch:
         self.seq += 1
         return self._batch(part, self.seq)
 
-    def _batch(self, part: _Part, seq: int) -> Batch:
+    def _batch(self, part: Part, seq: int) -> Batch:
         return part.batch(self.config.node, self.agent_id, seq, self.clock(), self.simulated)
 
     def _merge_limit(self) -> int:
         """The largest body an entry grows to by merging: a sixteenth of the spool, so
         that dropping its oldest entry on overflow drops a small part of what it holds."""
-        return min(_BODY_LIMIT, self.spool.max_bytes // 16)
+        return min(BODY_LIMIT, self.spool.max_bytes // 16)
 
     def _spool(self, batch: Batch) -> None:
         """Spool a batch that was sent (the backend may hold it: it keeps its seq)."""
@@ -400,7 +311,7 @@ class Uplink:
         if self.spool.put(batch):
             self._stats.batches_spooled += 1
 
-    def _spool_unsent(self, part: _Part) -> None:
+    def _spool_unsent(self, part: Part) -> None:
         """Spool records never sent: into the newest entry, under its seq, when that one
         was never sent either (a replay after an outage then takes a request per
         MAX_SAMPLES samples, not one per tick of the outage: 60 for a minute at 1 s, from
@@ -408,9 +319,9 @@ class Uplink:
         backend lacks is still a batch the spool dropped."""
         if self._unsent is not None:
             entry, held = self._unsent
-            merged = _merged(held, self._batch(part, held.seq), self._merge_limit())
-            if merged is not None and (kept := self.spool.replace(entry, merged[1])):
-                self._unsent = (kept, merged[0])
+            both = merged(held, self._batch(part, held.seq), self._merge_limit())
+            if both is not None and (kept := self.spool.replace(entry, both[1])):
+                self._unsent = (kept, both[0])
                 self._stats.batches_merged += 1
                 return
         self._unsent = None

@@ -23,7 +23,6 @@ from sqlalchemy import (
     Boolean,
     Float,
     Integer,
-    insert,
     select,
     update,
 )
@@ -31,16 +30,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from trainguard.backend.ingest.training_rows import TrainingStatements
 from trainguard.backend.models import (
     SAMPLE_READINGS,
-    Event,
     Gpu,
     IngestBatch,
-    Job,
     Node,
-    Rank,
     Sample,
-    Step,
     no_reading,
 )
 from trainguard.protocol.wire import Batch, GpuSample, IngestResult
@@ -209,9 +205,10 @@ def _sample_rows(gpu_ids: dict[str, int], batches: list[Batch]) -> Iterator[Sequ
             yield row
 
 
-class BulkStatements:
+class BulkStatements(TrainingStatements):
     """The statements of one group's transaction: IngestWriter (writer.py) sets the state
-    declared here and calls `_store` inside its transaction."""
+    declared here and calls `_store` inside its transaction. The events', jobs', steps'
+    and ranks' statements are TrainingStatements' (training_rows.py)."""
 
     _pg: bool
     _node_ids: dict[str, int]
@@ -475,126 +472,3 @@ class BulkStatements:
             cur.executemany(f"INSERT INTO samples ({cols}) VALUES ({marks})", rows)
             cur.close()
         return n
-
-    def _insert_events(
-        self, conn: Connection, fresh: list[tuple[_Item, int]]
-    ) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = [
-            {
-                "node_id": nid,
-                "ts": e.ts,
-                "received_at": it.received_at,
-                "kind": e.kind,
-                "gpu_uuid": e.gpu_uuid,
-                "job": e.job,
-                "rank": e.rank,
-                "xid": e.xid,
-                "message": e.message,
-                "data": dict(e.data),
-            }
-            for it, nid in fresh
-            for e in it.batch.events
-        ]
-        if not rows:
-            return []
-        ids = conn.execute(insert(Event).returning(Event.id, sort_by_parameter_order=True), rows)
-        names = {nid: it.batch.node for it, nid in fresh}
-        out = []
-        for (eid,), row in zip(ids.all(), rows, strict=True):
-            out.append({"id": eid, **row, "node": names.get(row["node_id"])})
-        return out
-
-    def _resolve_jobs(self, conn: Connection, names: set[str], now: float) -> dict[str, int]:
-        missing = [n for n in names if n not in self._job_ids]
-        if missing:
-            conn.execute(
-                self._insert_ignore(Job).on_conflict_do_nothing(index_elements=["name"]),
-                [
-                    {
-                        "name": n,
-                        "first_seen": now,
-                        "last_seen": now,
-                        "world_size": 1,
-                        "attempt": 0,
-                        "iteration": 0,
-                    }
-                    for n in missing
-                ],
-            )
-            for jid, name in conn.execute(select(Job.id, Job.name).where(Job.name.in_(missing))):
-                self._job_ids[name] = jid
-        return {n: self._job_ids[n] for n in names}
-
-    def _store_jobs(self, conn: Connection, fresh: list[tuple[_Item, int]]) -> int:
-        names = {s.job for it, _ in fresh for s in it.batch.steps}
-        names |= {r.job for it, _ in fresh for r in it.batch.ranks or ()}
-        if not names:
-            return 0
-        job_ids = self._resolve_jobs(conn, names, min(it.received_at for it, _ in fresh))
-        steps = [
-            {
-                "job_id": job_ids[s.job],
-                "node_id": nid,
-                "rank": s.rank,
-                "step": s.step,
-                "start": s.start,
-                "end": s.end,
-                "attempt": s.attempt,
-                "iteration": s.iteration,
-                "compute_s": s.compute,
-            }
-            for it, nid in fresh
-            for s in it.batch.steps
-        ]
-        if steps:
-            conn.execute(insert(Step), steps)
-        ranks: dict[tuple[int, int], dict[str, Any]] = {}
-        for it, nid in fresh:
-            for r in it.batch.ranks or ():
-                ranks[(job_ids[r.job], r.rank)] = {
-                    "job_id": job_ids[r.job],
-                    "rank": r.rank,
-                    "node_id": nid,
-                    "local_rank": r.local_rank,
-                    "pid": r.pid,
-                    "attempt": r.attempt,
-                    "iteration": r.iteration,
-                    "last_heartbeat": r.last_heartbeat,
-                    "last_step": r.last_step,
-                    "alive": r.alive,
-                    "updated_at": it.received_at,
-                    # Declared by the SDK (wire fields added with it; None from older agents).
-                    "in_process": getattr(r, "in_process", None),
-                    "launcher": getattr(r, "launcher", None),
-                    "max_restarts": r.max_restarts,
-                    "restart_count": r.restart_count,
-                }
-        if ranks:
-            stmt = self._insert_ignore(Rank)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["job_id", "rank"],
-                set_={
-                    c: stmt.excluded[c]
-                    for c in next(iter(ranks.values()))
-                    if c not in ("job_id", "rank")
-                },
-            )
-            conn.execute(stmt, list(ranks.values()))
-        # Job summary: world size, generation, newest step.
-        summary: dict[int, dict[str, Any]] = {}
-        for it, _ in fresh:
-            for r in it.batch.ranks or ():
-                j = summary.setdefault(job_ids[r.job], {"last_seen": it.received_at})
-                j["world_size"] = max(j.get("world_size", 1), r.world_size)
-                j["attempt"] = max(j.get("attempt", 0), r.attempt)
-                j["iteration"] = max(j.get("iteration", 0), r.iteration)
-                display = getattr(r, "display_name", None)
-                if display:
-                    j["display_name"] = display
-            for s in it.batch.steps:
-                j = summary.setdefault(job_ids[s.job], {"last_seen": it.received_at})
-                j["last_step"] = max(j.get("last_step", -1), s.step)
-        # In id order: two processes updating the same jobs lock their rows in one order.
-        for jid, vals in sorted(summary.items()):
-            conn.execute(update(Job).where(Job.id == jid).values(**vals))
-        return len(steps)
