@@ -28,12 +28,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tests.invariants import check
 from tests.support import AUTH, TOKEN, free_port, wait_for
 from trainguard.backend import demojob
 from trainguard.worker import pool_path_for
@@ -310,6 +312,22 @@ class Stack:
                     shim=self.cell.pool,
                 )
             self.launchers.append(self.start(f"launcher{i}", cmd, **extra))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Stack]:
+        """The server, the agents and the launchers started; the invariants checked when
+        the test's block ends well, the logs printed when it does not; everything stopped."""
+        try:
+            self.server()
+            self.agents()
+            self.launch()
+            yield self
+            check(self.db_url)
+        except BaseException:
+            print(self.logs())
+            raise
+        finally:
+            self.close()
 
     def close(self) -> None:
         demojob.stop(self.launchers, grace=10)

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from tests.invariants import check
 from tests.support import wait_for
 
 from .matrix import Cell, Stack
@@ -54,10 +53,7 @@ def test_a_job_its_user_stops_ends_stopped_with_no_incident(
     tmp_path: Path, cell: Cell, how: str
 ) -> None:
     stack = Stack(tmp_path, cell)
-    try:
-        stack.server()
-        stack.agents()
-        stack.launch()
+    with stack.running():
         stack.wait_live()
         for p in stack.launchers:
             if how == "sigterm":
@@ -80,12 +76,6 @@ def test_a_job_its_user_stops_ends_stopped_with_no_incident(
         stack.wait_live(after=time.time())
         job = stack.get(f"/jobs/{stack.job}")
         assert (job["state"], job["ended_at"]) == ("running", None), job
-        check(stack.db_url)
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.close()
 
 
 @pytest.mark.timeout(300)
@@ -95,10 +85,7 @@ def test_stop_job_ends_the_job_through_its_launcher(tmp_path: Path) -> None:
     --max-restarts 6), and the job ends `stopped` with what was done, audited."""
     cell = Cell("torchrun", wrapper=False, nodes=1)
     stack = Stack(tmp_path, cell, policy='[causes]\nexception = "stop_job"\n')
-    try:
-        stack.server()
-        stack.agents()
-        stack.launch()
+    with stack.running():
         ranks = stack.wait_live()
         stack.fault("exception", ranks)
         launchers_gone(stack)
@@ -126,12 +113,6 @@ def test_stop_job_ends_the_job_through_its_launcher(tmp_path: Path) -> None:
                 f"incident {inc['id']}: policy causes.exception",
             )
         ], audit
-        check(stack.db_url)
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.close()
 
 
 @pytest.mark.timeout(300)
@@ -139,22 +120,13 @@ def test_a_job_whose_ranks_exit_0_is_finished(tmp_path: Path) -> None:
     """torchrun, 60 steps: every rank exits 0, the launcher exits 0, the job is
     `finished` ("every rank exited 0") with no incident."""
     stack = Stack(tmp_path, Cell("torchrun", wrapper=False, nodes=1), steps=60)
-    try:
-        stack.server()
-        stack.agents()
-        stack.launch()
+    with stack.running():
         launchers_gone(stack, timeout=180)
         assert [p.returncode for p in stack.launchers] == [0]
         job = wait_for(lambda: ended(stack), 60, 0.5)
         assert (job["state"], job["state_reason"]) == ("finished", "every rank exited 0"), job
         assert job["last_step"] == 59, job
         assert stack.incidents() == []
-        check(stack.db_url)
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.close()
 
 
 @pytest.mark.timeout(420)
@@ -165,10 +137,7 @@ def test_a_job_whose_only_node_is_excluded_waits_and_restarts_when_it_is_readmit
     schedulable node left the job is `waiting` (its ranks train on: cordon means no new
     work). An operator readmits the node: a launcher restart, and the job runs again."""
     stack = Stack(tmp_path, Cell("torchrun", wrapper=False, nodes=1))
-    try:
-        stack.server()
-        stack.agents()
-        stack.launch()
+    with stack.running():
         ranks = stack.wait_live()
         stack.fault("xid", ranks)
 
@@ -191,9 +160,3 @@ def test_a_job_whose_only_node_is_excluded_waits_and_restarts_when_it_is_readmit
         stack.wait_live(after=t0)
         job = stack.get(f"/jobs/{stack.job}")
         assert job["state"] == "running", job
-        check(stack.db_url)
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.close()

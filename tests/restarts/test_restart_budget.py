@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.invariants import check
 from tests.support import wait_for
 
 from .matrix import Cell, Stack
@@ -22,10 +21,7 @@ pytestmark = pytest.mark.slow
 def test_torchrun_with_one_restart_refuses_to_spend_it_without_force(tmp_path: Path) -> None:
     cell = Cell("torchrun", wrapper=False, nodes=1)
     stack = Stack(tmp_path, cell, max_restarts=1, expect={"rest_launcher": "409"})
-    try:
-        stack.server()
-        stack.agents()
-        stack.launch()
+    with stack.running():
         stack.wait_live()
         job = stack.get(f"/jobs/{stack.job}")
         assert (job["max_restarts"], job["restart_count"], job["restarts_left"]) == (1, 0, 1)
@@ -41,12 +37,6 @@ def test_torchrun_with_one_restart_refuses_to_spend_it_without_force(tmp_path: P
         assert (forced.incident["level"], forced.incident["status"]) == ("launcher", "resolved")
         job = stack.get(f"/jobs/{stack.job}")
         assert (job["restart_count"], job["restarts_left"]) == (1, 0)
-        check(stack.db_url)
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.close()
 
 
 @pytest.mark.timeout(300)
@@ -59,10 +49,7 @@ def test_a_launcher_that_gives_up_leaves_its_incident_failed_with_the_reason(
     it ends failed and says the launcher gave up (issue #32, item 4)."""
     cell = Cell("torchrun", wrapper=False, nodes=1)
     stack = Stack(tmp_path, cell, max_restarts=0, policy="[escalation]\nrelaunch_wait_s = 10\n")
-    try:
-        stack.server()
-        stack.agents()
-        stack.launch()
+    with stack.running():
         ranks = stack.wait_live()
         assert stack.get(f"/jobs/{stack.job}")["restarts_left"] == 0
         stack.fault("sigkill", ranks)
@@ -78,9 +65,3 @@ def test_a_launcher_that_gives_up_leaves_its_incident_failed_with_the_reason(
         assert all(i["status"] != "resolved" for i in incs)
         assert any("launcher" in i["outcome"] for i in incs), incs
         assert job["ended_at"] is not None
-        check(stack.db_url)
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.close()
