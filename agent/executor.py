@@ -13,8 +13,12 @@ was observed, via `POST /api/v1/commands/{id}/acks`:
 - launcher: SIGTERM to the job's worker processes on this node (never their launcher),
   SIGKILL after `grace_s`; torn_down = all gone, restarted = the launcher's new workers
   registered, resumed = each of them completed a step.
-- exclude_node / stop_job are not carried out by this executor (cordon hooks are the
-  backend's); they are acked `failed` with the reason.
+- stop_job: SIGTERM to the job's launcher on this node, as its user would stop it (the
+  launcher passes it to its workers and exits); torn_down = every launcher of the job
+  here is gone. `failed` when its ranks have no launcher the agent may signal, or one
+  outlives `stop_timeout_s`: the launcher then still restarts the job by itself.
+- exclude_node is not carried out by this executor (cordon hooks are the backend's); it
+  is acked `failed` with the reason.
 
 When the job's workers here are already gone, or die during an in_process restart (also
 after re-entering, before their first step), while their launcher lives (ft_launcher
@@ -187,6 +191,7 @@ class CommandLoop(InProcessRestart):
         restarted_timeout_s: float = 180.0,
         resumed_timeout_s: float = 180.0,
         relaunch_grace_s: float = 5.0,
+        stop_timeout_s: float = 60.0,
     ) -> None:
         cfg = getattr(agent, "config", None)
         self.agent = agent
@@ -207,6 +212,9 @@ class CommandLoop(InProcessRestart):
         # How long exited workers with no live launcher get for new ones to appear (with
         # a live launcher the wait is restarted_timeout_s, its restart window).
         self.relaunch_grace_s = relaunch_grace_s
+        # How long a launcher gets to end its workers and exit after stop_job's SIGTERM
+        # (torchrun waits 30 s for its workers before it kills them).
+        self.stop_timeout_s = stop_timeout_s
         self.acks: list[tuple[str, Ack]] = []  # what was acked, for logs and tests
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -290,6 +298,8 @@ class CommandLoop(InProcessRestart):
                 self._in_process(cmd)
             elif cmd.action == "launcher":
                 self._launcher(cmd)
+            elif cmd.action == "stop_job":
+                self._stop_job(cmd)
             else:
                 self._ack(
                     cmd.id,

@@ -14,6 +14,7 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from trainguard.agent.liveness import launcher_pid, running
 from trainguard.agent.local import LocalServer, proc_info
 from trainguard.protocol.wire import Command, Phase
 
@@ -26,6 +27,7 @@ class LauncherRestart:
     torn_down_timeout_s: float
     restarted_timeout_s: float
     relaunch_grace_s: float
+    stop_timeout_s: float
 
     if TYPE_CHECKING:  # CommandLoop's (agent/executor.py), shared by both levels
 
@@ -103,6 +105,10 @@ class LauncherRestart:
                 for r in recs
                 if r.pid not in launchers and r.pid != os.getpid()
             }
+            if served is None:
+                for r in recs:
+                    if r.pid in victims:
+                        r.signalled_by = f"launcher restart {cmd.id}"
         if served is not None:
             # The launcher already made a new generation after the fault: ending it would
             # only restart the job a second time.
@@ -137,6 +143,51 @@ class LauncherRestart:
         pids = {r.pid for r in fresh}
 
         self._ack_resumed(cmd, pids)
+
+    def _stop_job(self, cmd: Command) -> None:
+        """stop_job: end the job here as its user would, with SIGTERM to its launcher (it
+        passes the signal to its workers and exits without restarting them), or to its
+        ranks where no launcher respawns them. Their exits then say they were
+        trainguard's doing. `torn_down` once all of those are gone; `failed` when one is
+        not permitted or outlives `stop_timeout_s` (the launcher then goes on restarting
+        the job), or nothing of the job runs here.
+
+        The launcher is found from the job's ranks alive or recently exited here, so a
+        launcher between two generations is found too."""
+        local, job = self.local, cmd.job
+        with local.cond:
+            recs = local.job_ranks(job, alive_only=False)
+            targets = {p for r in recs if (p := launcher_pid(r)) is not None and running(p)}
+            targets |= {r.pid for r in recs if r.alive and launcher_pid(r) is None}
+            for r in recs:
+                if r.alive:
+                    r.signalled_by = f"stop_job {cmd.id}"
+        if not targets:
+            self._ack(cmd.id, "failed", time.time(), f"no live rank of job {job} on this node")
+            return
+        for pid in sorted(targets):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                self._ack(cmd.id, "failed", time.time(), f"not permitted to signal pid {pid}")
+                return
+        timeout = self._param(cmd, "timeout_s", self.stop_timeout_s)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(running(p) for p in targets):
+            time.sleep(0.05)
+        left = sorted(p for p in targets if running(p))
+        if left:
+            self._ack(
+                cmd.id,
+                "failed",
+                time.time(),
+                f"pid {left[0]} still runs {timeout:g} s after SIGTERM",
+            )
+            return
+        pids = ", ".join(map(str, sorted(targets)))
+        self._ack(cmd.id, "torn_down", time.time(), f"ended pid {pids} with SIGTERM")
 
     @staticmethod
     def _alive(pid: int, start_ticks: int) -> bool:

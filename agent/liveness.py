@@ -13,6 +13,15 @@ checks say when they next need to run, so the server sleeps until then.
 
 A rank's exit is clean only with exit code 0 (read from the zombie, else as the rank
 said) and no uncaught exception reported.
+
+A rank ended by a stop signal (SIGTERM, SIGINT, or their shell exit codes 143 and 130)
+that the agent did not send is how a job ends when its user stops it: a signal to its
+launcher (`kill`, Ctrl-C, `scancel`, a deleted pod), which passes it to its workers and
+exits. Under torchrun or ft_launcher its `rank_exit` is held until the launcher (the
+rank's parent) exits too, or for `stop_grace_s`, and then says which: `launcher_exited`
+true (the job was stopped from outside) or false (the launcher lives on and restarts its
+workers). Without such a launcher nothing restarts the rank: `launcher_exited` is true at
+once. An exit the agent caused itself carries `signalled_by`.
 """
 
 from __future__ import annotations
@@ -22,8 +31,10 @@ import logging
 import math
 import os
 import selectors
+import signal
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 from trainguard.agent.ranks import RankRecord, RankTable
 
@@ -56,6 +67,40 @@ def proc_info(pid: int) -> ProcInfo | None:
         return ProcInfo(state=rest[0] if rest else "?", start_ticks=0, exit_status=0)
 
 
+# What a stop request ends a process with: its signal, or the shell's exit code for it.
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+STOP_EXIT_CODES = {128 + sig: sig for sig in STOP_SIGNALS}
+
+
+def stop_signal(rec: RankRecord) -> int | None:
+    """The stop signal (SIGINT, SIGTERM) the rank's exit shows, if it shows one: killed by
+    it, its shell-style exit code, or an uncaught KeyboardInterrupt (Ctrl-C)."""
+    if rec.exit_signal in STOP_SIGNALS:
+        return rec.exit_signal
+    if rec.exit_code is not None and rec.exit_code in STOP_EXIT_CODES:
+        return int(STOP_EXIT_CODES[rec.exit_code])
+    if rec.uncaught == "KeyboardInterrupt":
+        return int(signal.SIGINT)
+    return None
+
+
+# Launchers that respawn their workers (the SDK's `launcher`); under any other (none, a
+# plain `python train.py`, srun) nothing restarts a rank that exits.
+RESPAWNING = frozenset({"torchrun", "ft_launcher"})
+
+
+def launcher_pid(rec: RankRecord) -> int | None:
+    """The rank's respawning launcher (its parent as the SDK reports it: the shim's for
+    a warm worker), unless that is init or this agent."""
+    ok = rec.launcher in RESPAWNING and rec.ppid > 1 and rec.ppid != os.getpid()
+    return rec.ppid if ok else None
+
+
+def running(pid: int) -> bool:
+    info = proc_info(pid)
+    return info is not None and info.state not in ("Z", "X")
+
+
 def pid_reused(rec: RankRecord, info: ProcInfo) -> bool:
     """`info` is about another process than the rank's, on its reused pid."""
     return bool(rec.start_ticks) and info.start_ticks != rec.start_ticks
@@ -82,6 +127,7 @@ class Liveness:
         hang_first_step_s: float = 120.0,
         heartbeat_timeout_s: float = 10.0,
         keep_exited_s: float = 60.0,
+        stop_grace_s: float = 5.0,
     ) -> None:
         self.table = table
         self.check_interval = check_interval
@@ -90,6 +136,7 @@ class Liveness:
         self.hang_first_step_s = hang_first_step_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.keep_exited_s = keep_exited_s
+        self.stop_grace_s = stop_grace_s
         self.selector: selectors.BaseSelector | None = None  # the server's, while it runs
 
     # --- exit watch ---------------------------------------------------------------------
@@ -160,18 +207,41 @@ class Liveness:
         )
         if rec.uncaught is not None:
             how += f", uncaught {rec.uncaught}"
+        sig = stop_signal(rec)
+        fields: dict[str, Any] = {
+            "message": f"rank {rec.rank} pid {rec.pid} exited ({how})",
+            "pid": rec.pid,
+            "exit_code": rec.exit_code,
+            "signal": rec.exit_signal,
+            "clean": rec.clean_exit,
+            "uncaught": rec.uncaught,
+            "last_step": rec.last_step,
+            "stop_signal": sig,
+            "signalled_by": rec.signalled_by,
+        }
+        if sig is not None and rec.signalled_by is None:
+            if launcher_pid(rec) is not None:
+                rec.held_exit = (now + self.stop_grace_s, fields)  # check_rank reports it
+                return
+            fields["launcher_exited"] = True  # no launcher: nothing restarts it
+        self.table.event("rank_exit", rec, urgent=True, ts=now, **fields)
+
+    def held(self, rec: RankRecord, mono: float, now: float) -> float:
+        """A held exit (see the module docstring): reported once the rank's launcher is
+        gone or the grace is over; returns when to look again."""
+        assert rec.held_exit is not None
+        until, fields = rec.held_exit
+        launcher = launcher_pid(rec)
+        gone = launcher is None or not running(launcher)
+        if not gone and now < until:
+            return mono + self.check_interval
+        rec.held_exit = None
+        if gone:
+            fields["message"] += f"; its launcher (pid {launcher}) exited too"
         self.table.event(
-            "rank_exit",
-            rec,
-            urgent=True,
-            message=f"rank {rec.rank} pid {rec.pid} exited ({how})",
-            pid=rec.pid,
-            exit_code=rec.exit_code,
-            signal=rec.exit_signal,
-            clean=rec.clean_exit,
-            uncaught=rec.uncaught,
-            last_step=rec.last_step,
+            "rank_exit", rec, urgent=True, ts=rec.exited_at, launcher_exited=gone, **fields
         )
+        return mono + max(0.0, (rec.exited_at or now) + self.keep_exited_s - now) + _SLACK_S
 
     # --- clock checks -------------------------------------------------------------------
 
@@ -197,6 +267,8 @@ class Liveness:
         closer is about this rank, and the loop calls this for it."""
         pid = rec.pid
         if not rec.alive:
+            if rec.held_exit is not None:
+                return self.held(rec, mono, now)
             if rec.exited_at is None:
                 return math.inf
             if now - rec.exited_at > self.keep_exited_s:
@@ -208,7 +280,7 @@ class Liveness:
             info = proc_info(pid)
             if info is None or info.state in ("Z", "X") or pid_reused(rec, info):
                 self.exited(rec, own_zombie(rec, info), now)
-                return mono + self.keep_exited_s + _SLACK_S
+                return self.check_rank(rec, mono, now)
             next_t = mono + self.check_interval
         hb_age = now - rec.last_heartbeat if rec.last_heartbeat else 0.0
         if hb_age > self.heartbeat_timeout_s:

@@ -249,6 +249,7 @@ class LocalServer:
                     now = time.time()
                     for rec in exited:
                         watch.pidfd_exited(rec, now)
+                        touched.append(rec)  # a held exit is looked at again soon
                 mono = time.monotonic()
                 if mono >= self._next_check:
                     self._next_check = watch.check(mono, time.time())

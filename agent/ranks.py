@@ -84,6 +84,12 @@ class RankRecord:
     finished: bool = False
     heartbeat_lost_reported: bool = False
     restart_raised: dict[str, float] = field(default_factory=dict)  # request id -> ts
+    # The agent's own signal to the process ("launcher restart <command>", "stop_job
+    # <command>"), set before it is sent: its exit is then trainguard's doing.
+    signalled_by: str | None = None
+    # The rank_exit of a stop signal (SIGTERM, SIGINT) the agent did not send, held until
+    # its launcher exits too or the (wall-clock) deadline passes: (deadline, event fields).
+    held_exit: tuple[float, dict[str, Any]] | None = None
     pidfd: int | None = None  # readable once the process has exited; None: poll /proc
 
 

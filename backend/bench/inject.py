@@ -8,7 +8,9 @@ and, inside the step:
 - `exception`: raises `InjectedFault`, as a bug in the step would;
 - `hang`: sleeps in 50 ms slices for up to `TRAINGUARD_TEST_HANG_S` (120 s): heartbeats
   go on, steps stop; only a restart (the launcher ending the process, the Wrapper
-  interrupting it) ends it.
+  interrupting it) ends it;
+- `xid`: asks the node's agent to inject XID 79 (the GPU fell off the bus) on the rank's
+  simulated GPU (its local rank), and trains on, as a CPU job beside it does.
 
 A SIGKILL needs no help from inside: the test kills the rank's pid. The file is removed
 before the fault fires, so a restarted generation does not fire it again.
@@ -54,6 +56,8 @@ class _FaultyStep:
             try:
                 if _take(folder, "exception", rank):
                     raise InjectedFault(f"injected exception on rank {rank}")
+                if _take(folder, "xid", rank):
+                    self._session.inject_xid(self._session.local_rank, 79, "injected by a test")
                 if _take(folder, "hang", rank):
                     deadline = time.monotonic() + float(
                         os.environ.get("TRAINGUARD_TEST_HANG_S", "120")

@@ -117,7 +117,7 @@ class Actions:
                 )
             )
             log.warning("ALERT job %s stopped (incident %d): %s", job.name, inc.id, why)
-            set_job_state(job, "stopped", now, f"incident {inc.id}: {why}")
+            self._stop_launchers(session, inc, job, why, now)
             self._count("stopped")
         elif level == "reset_gpu":
             incidents.set_level(session, inc, "launcher")
@@ -130,6 +130,22 @@ class Actions:
             incidents.set_level(session, inc, level)
             self.issue(session, inc, job, level, frozenset())
         incidents.add_decision(session, inc, entry)
+
+    def _stop_launchers(
+        self, session: Session, inc: Incident, job: Job, why: str, now: float
+    ) -> None:
+        """stop_job ends the job through its launchers: a stop_job command to the agent of
+        every node with its ranks (acks: incidents.record_stop). Without one to send, the
+        job's state says what is true: its launcher goes on by itself."""
+        targets = q.job_nodes(session, job.id, now - self.fresh_within_s, frozenset())
+        reason = f"incident {inc.id}: {why}"
+        if not targets:
+            set_job_state(job, "stopped", now, f"{reason}; {incidents.STILL_RESTARTS}")
+            return
+        set_job_state(job, "stopped", now, f"{reason}; {incidents.ENDING_LAUNCHER}")
+        n = incidents.issue_commands(session, inc, "stop_job", targets, now, reason, fault=False)
+        self.commands += n
+        self._count("commands", n)
 
     def _exclude(
         self,

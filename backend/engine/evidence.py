@@ -101,8 +101,8 @@ def classify(ev: Evidence, policy: Policy) -> Verdict | None:
     if ev.kind in JOB_CAUSES:
         if ev.job is None:
             return None
-        if ev.kind == "rank_exit" and clean_exit(ev.data):
-            return None  # a rank that finished its work is no fault
+        if ev.kind == "rank_exit" and (clean_exit(ev.data) or stopped(ev.data)):
+            return None  # a rank that finished its work, or was stopped, is no fault
         step = as_int(ev.data.get("step"))
         if step is None:
             step = as_int(ev.data.get("last_step"))
@@ -122,6 +122,20 @@ def clean_exit(data: dict[str, Any]) -> bool:
     if code not in (None, 0):
         return False
     return data.get("clean") is True or code == 0
+
+
+def stopped(data: dict[str, Any]) -> str | None:
+    """How a rank was stopped rather than failed, from its rank_exit: "trainguard" (the
+    agent ended its launcher for stop_job), "outside" (a stop signal, SIGTERM or SIGINT,
+    that its launcher got and passed on, then exited: its user's kill, Ctrl-C, scancel, a
+    deleted pod), else None. A stop signal whose launcher lives on is a worker killed
+    under a running launcher: that is a fault like any other."""
+    by = data.get("signalled_by")
+    if isinstance(by, str) and by.startswith("stop_job"):
+        return "trainguard"
+    if data.get("stop_signal") not in (None, 0, "") and data.get("launcher_exited") is True:
+        return "outside" if by is None else None
+    return None
 
 
 def hardware_evidence(kind: str, xid: int | None, action: str) -> bool:

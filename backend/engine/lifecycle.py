@@ -5,8 +5,11 @@ failed, stopped) and cordoned nodes (readmission).
   left it no schedulable node, `finished` once every rank it had exited 0 and no new
   generation followed within `END_GRACE_S`, `failed` when its ranks are gone, not all
   cleanly, and no generation followed within `escalation.relaunch_wait_s` (the launcher
-  gave up), `stopped` after stop_job while its ranks train on (it then ends finished or
-  failed like any job). A job seen again after its end runs again.
+  gave up), `stopped` after stop_job (ended when its ranks are, through the launcher the
+  agents ended; a job whose launcher could not be ended trains on, and ends finished or
+  failed like any job) and `stopped` "ended by a signal from outside" when every rank
+  ended by a stop signal its launcher got and passed on (evidence.stopped). A job seen
+  again after its end runs again. The whole machine: docs/engine.md, "Jobs: state".
 - A waiting job restarts (launcher) once a node hosting its ranks is readmitted; a job
   that ended cleanly while it waited closes its incident instead (nothing to restart).
 - A `node_down` incident not acted on yet closes when the node's agent reports again.
@@ -29,7 +32,7 @@ from trainguard.backend.cluster import cordons
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, WAITING, HookJob, set_job_state
 from trainguard.backend.engine.decide import Decider
-from trainguard.backend.engine.evidence import clean_exit
+from trainguard.backend.engine.evidence import clean_exit, stopped
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.models import (
     JOB_ENDED,
@@ -47,6 +50,9 @@ from trainguard.backend.models.control import ACTIVE_STATUSES
 
 # Every rank exited 0 and nothing came back for this long: the job finished.
 END_GRACE_S = 5.0
+# The reason of a job its user stopped (its launcher got SIGTERM or SIGINT and exited).
+OUTSIDE_STOP = "ended by a signal from outside (SIGTERM or SIGINT to its launcher)"
+
 # Jobs and cordons looked at by the sweep: seen within this long.
 LOOKBACK_S = 3600.0
 
@@ -76,7 +82,7 @@ def job_states(d: Decider, session: Session, now: float) -> None:
             select(Rank.rank, Rank.alive, Rank.updated_at).where(Rank.job_id == job.id)
         ).all()
         if any(alive for _, alive, _ in ranks) or not ranks:
-            if job.state == "stopped" and not _under_way(inc):
+            if job.state == "stopped" and job.ended_at is None and not _under_way(inc):
                 continue  # given up on while it trains: stays so until it ends or is acted on
             state = "restarting" if _under_way(inc) else "running"
             _set(d, job, state, now, "")
@@ -84,14 +90,24 @@ def job_states(d: Decider, session: Session, now: float) -> None:
         reported = max(t for _, _, t in ranks)
         exits = _last_exits(session, job.name, reported - LOOKBACK_S)
         clean = all(r in exits and clean_exit(exits[r][1]) for r, _, _ in ranks)
+        how = {stopped(exits[r][1]) if r in exits else None for r, _, _ in ranks}
+        stop = not clean and all(
+            r in exits and (clean_exit(exits[r][1]) or stopped(exits[r][1])) for r, _, _ in ranks
+        )
         # Since the last rank exited (agents go on reporting exited ranks for a while, so
         # the ranks' report time says nothing about when the job ended).
         last = max((exits[r][0] for r, _, _ in ranks if r in exits), default=reported)
-        if clean and now - last >= END_GRACE_S and not _under_way(inc):
+        if (clean or stop) and now - last >= END_GRACE_S and not _under_way(inc):
             # (An exclusion held for an operator stays pending: it is about the node.)
             ended = max((exits[r][0] for r, _, _ in ranks), default=last)
-            _set(d, job, "finished", now, "every rank exited 0", ended)
-            _close_unacted(session, active, now, "finished", "every rank exited 0")
+            if clean:
+                state, why = "finished", "every rank exited 0"
+            elif "trainguard" in how and job.state == "stopped":
+                state, why = "stopped", job.state_reason  # stop_job's, with its acks
+            else:
+                state, why = "stopped", OUTSIDE_STOP
+            _set(d, job, state, now, why, ended)
+            _close_unacted(session, active, now, state, why)
         elif not clean and now - last >= max(wait, END_GRACE_S) and not _under_way(inc):
             ended = max((ts for ts, _ in exits.values()), default=last)
             why = "its ranks are gone and its launcher gave up"
@@ -125,6 +141,10 @@ def _under_way(inc: Incident | None) -> bool:
 def _set(
     d: Decider, job: Job, state: str, now: float, reason: str, ended: float | None = None
 ) -> None:
+    """The job's state, and when it ended if it did (a `stopped` job ends only with
+    its ranks)."""
+    if ended is not None and job.ended_at is None:
+        job.ended_at = ended
     if job.state == state:
         return
     set_job_state(job, state, now, reason)

@@ -29,7 +29,7 @@ from trainguard.backend.errors import Conflict, NotFound
 from trainguard.backend.incidents import reads
 from trainguard.backend.incidents.publish import changed
 from trainguard.backend.jobs.service import get_or_create_job, live_ranks, set_job_state
-from trainguard.backend.models import TIMELINE, AuditLog, Command, Incident, Job
+from trainguard.backend.models import TIMELINE, AuditLog, Command, CommandAck, Incident, Job, Node
 from trainguard.backend.models.control import IncidentEvidence
 from trainguard.protocol import wire
 
@@ -473,10 +473,18 @@ def why_not(level: str, caps: dict[str, Any]) -> str:
 # --- the end of an action: acks, resolution, failure ---------------------------------------
 
 
+# A job given up on (stop_job), as its stop_job commands go (record_stop).
+ENDING_LAUNCHER = "trainguard is ending its launcher"
+STILL_RESTARTS = "trainguard stopped acting; the launcher still restarts it"
+
+
 def record_phase(session: Session, cmd: Command, ack: wire.Ack) -> None:
     """A phase ack of one of the incident's commands (stored by commands.service) moves
     its timeline, and resolves or fails it."""
     if cmd.incident_id is None:
+        return
+    if cmd.action == "stop_job":
+        record_stop(session, cmd, ack)
         return
     inc = session.get(Incident, cmd.incident_id, with_for_update=True, populate_existing=True)
     if inc is None:
@@ -515,6 +523,44 @@ def record_phase(session: Session, cmd: Command, ack: wire.Ack) -> None:
         done = reads.terminal_acks(session, inc)
         if all(done.values()) and "resumed" in done.values():
             resolve(session, inc, time.time(), "resumed")
+
+
+def record_stop(session: Session, cmd: Command, ack: wire.Ack) -> None:
+    """An ack of stop_job's command: once every node answered, the stopped job's state
+    says whether its launcher ended (torn_down; a node where nothing of it ran any more
+    needs nothing) or goes on restarting it somewhere (failed)."""
+    if ack.phase not in ("torn_down", "failed"):
+        return
+    session.flush()
+    job = session.get(Job, cmd.job_id, with_for_update=True, populate_existing=True)
+    if job is None or job.state != "stopped":
+        return
+    ends = session.execute(
+        select(Node.name, CommandAck.phase, CommandAck.detail)
+        .select_from(Command)
+        .join(Node, Node.id == Command.node_id)
+        .outerjoin(
+            CommandAck,
+            (CommandAck.command_id == Command.id) & CommandAck.phase.in_(("torn_down", "failed")),
+        )
+        .where(Command.incident_id == cmd.incident_id, Command.action == "stop_job")
+        .order_by(Node.name)
+    ).all()
+    if any(phase is None for _, phase, _ in ends):
+        return  # still under way somewhere
+    failed = [
+        f"{node}: {detail}"
+        for node, phase, detail in ends
+        if phase == "failed" and reads.NOTHING_HERE not in detail
+    ]
+    ended = [node for node, phase, _ in ends if phase == "torn_down"]
+    if failed:
+        reason = f"{cmd.reason}; {STILL_RESTARTS} ({'; '.join(failed)})"
+    elif ended:
+        reason = f"{cmd.reason}; trainguard ended its launcher on {', '.join(ended)}"
+    else:
+        reason = f"{cmd.reason}; nothing of it runs any more"
+    set_job_state(job, "stopped", ack.ts, reason)
 
 
 def resolve(

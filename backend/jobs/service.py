@@ -17,8 +17,9 @@ def set_job_state(job: Job, state: str, now: float, reason: str = "") -> None:
     accounting (`ended_at`), any other but `stopped` reopens it."""
     if job.state == state and job.state_reason == reason:
         return
+    if job.state != state:
+        job.state_since = now
     job.state = state
-    job.state_since = now
     job.state_reason = reason[:2000]
     if state in JOB_ENDED:
         job.ended_at = job.ended_at or now

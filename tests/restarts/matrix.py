@@ -139,10 +139,12 @@ class Stack:
         max_restarts: int = 6,
         expect: dict[str, str] | None = None,
         policy: str = "",
+        steps: int = 100000,
     ) -> None:
-        """`policy`: policy-file text over the defaults for the server (none: the defaults)."""
+        """`policy`: policy-file text over the defaults for the server (none: the defaults);
+        `steps`: the job's training steps (the default: more than any test waits for)."""
         self.tmp, self.cell, self.max_restarts = tmp, cell, max_restarts
-        self.policy = policy
+        self.policy, self.steps = policy, steps
         # A fault's expected outcome where it differs from the cell's (the budget's 409).
         self.expect = expect or {}
         self.port = free_port()
@@ -263,7 +265,7 @@ class Stack:
         if self.cell.wrapper:
             return [
                 str(DEMO_SCRIPT),
-                *("--steps", "100000", "--ckpt-every", "10", "--workdir", str(self.work)),
+                *("--steps", str(self.steps), "--ckpt-every", "10", "--workdir", str(self.work)),
                 *("--store-port", str(self.store_port), "--step-sleep", "0.05"),
                 # Not the demo's 5 s: that timeout is also the re-entry's store wait, and
                 # on 2 busy cores ranks re-entered more than 5 s apart (2 of 3 exceptions
@@ -272,7 +274,8 @@ class Stack:
             ]
         return [
             str(USER_SCRIPT),
-            *("--steps", "100000", "--ckpt-every", "10", "--ckpt-dir", str(self.work / "ckpt")),
+            *("--steps", str(self.steps), "--ckpt-every", "10"),
+            *("--ckpt-dir", str(self.work / "ckpt")),
             *("--step-time", "0.05"),
         ]
 
@@ -375,7 +378,7 @@ class Stack:
 
     def fault(self, fault: str, ranks: list[dict[str, Any]]) -> httpx.Response | None:
         target = self.cell.fault_rank(fault)
-        if fault in ("exception", "hang"):
+        if fault in ("exception", "hang", "xid"):
             (self.faults / f"{fault}.{target}").write_text("")
         elif fault == "sigkill":
             (pid,) = [r["pid"] for r in ranks if r["rank"] == target]

@@ -43,9 +43,16 @@ def test_repeated_failures_climb_the_ladder(make_cluster: Any) -> None:
     for node in ("n1", "n2"):
         assert c.client.get(f"/api/v1/nodes/{node}").json()["cordoned"] is False
     stopped = incs[3]
-    assert stopped["status"] == "stopped" and stopped["commands"] == []
+    assert stopped["status"] == "stopped"
+    # stop_job ends the job through its launcher on each of its nodes (acked above).
+    assert sorted((k["action"], k["node"]) for k in stopped["commands"]) == [
+        ("stop_job", "n1"),
+        ("stop_job", "n2"),
+    ]
     assert "no more automatic restarts" in stopped["outcome"]
-    assert c.client.get("/api/v1/jobs/job").json()["state"] == "stopped"
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "stopped"
+    assert job["state_reason"].endswith("trainguard ended its launcher on n1, n2"), job
     # A job given up stays given up: later evidence joins the stopped incident.
     c.clock.advance(30)
     fault(c, node="n2", rank=2)
@@ -166,7 +173,8 @@ def test_cooldown_and_budget_stop_a_restart_storm(make_cluster: Any) -> None:
     incs = c.incidents("job")
     actions = [d for x in incs for d in x["decisions"] if d.get("restart")]
     assert len(actions) == 4  # the budget, spaced by the cooldown
-    assert commands == 4 * 2  # one command per node per action
+    # one command per node per action, then stop_job's to end the launcher on each node
+    assert commands == 4 * 2 + 2
     gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(actions)]
     assert all(g >= 10 for g in gaps)
     assert incs[-1]["status"] == "stopped" and "budget" in incs[-1]["outcome"]
@@ -279,3 +287,53 @@ def test_no_live_rank_from_a_silent_node_climbs_at_once(make_cluster: Any) -> No
     c.decide()
     (inc,) = c.incidents("job")
     assert inc["level"] == "launcher" and inc["escalations"] == 1
+
+
+GIVE_UP = '[causes]\nexception = "stop_job"\n'
+
+
+def test_a_stop_the_agent_cannot_carry_out_says_the_launcher_still_restarts_the_job(
+    make_cluster: Any,
+) -> None:
+    """stop_job whose command fails on one node (the agent may not signal the launcher):
+    the job reads `stopped` with exactly that, and the steps that keep coming are its
+    own; once its ranks exit 0 it is finished."""
+    c = make_cluster(GIVE_UP)
+    c.job("job", {"n1": (0, 1), "n2": (2, 3)})
+    fault(c)
+    (inc,) = c.incidents("job")
+    cmds = {k["node"]: k["id"] for k in inc["commands"]}
+    c.ack(cmds["n1"], "n1", "delivered", "torn_down", detail="ended pid 4242 with SIGTERM")
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state_reason"].endswith("trainguard is ending its launcher"), job  # n2 to come
+    c.ack(cmds["n2"], "n2", "delivered")
+    c.ack(cmds["n2"], "n2", "failed", detail="not permitted to signal pid 77")
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "stopped", job
+    assert job["state_reason"] == (
+        f"incident {inc['id']}: policy causes.exception; trainguard stopped acting; the "
+        "launcher still restarts it (n2: not permitted to signal pid 77)"
+    )
+    c.clock.advance(5)
+    c.job("job", {"n2": (2, 3)}, step=40)  # it trains on
+    c.decide()
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert (job["state"], job["last_step"], job["ended_at"]) == ("stopped", 40, None), job
+    assert [i["id"] for i in c.incidents("job")] == [inc["id"]]  # given up: no new one
+
+
+def test_a_stop_signal_under_a_living_launcher_is_a_fault(make_cluster: Any) -> None:
+    """A worker killed by SIGTERM whose launcher lives on (the agent waited for it) is no
+    stop of the job: the engine acts on it like any lost rank. The same exit with its
+    launcher gone makes nothing."""
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    stop = {"signal": 15, "clean": False, "stop_signal": 15}
+    c.event("n1", "rank_exit", job="job", rank=1, data={**stop, "launcher_exited": True})
+    c.decide()
+    assert c.incidents("job") == []
+    c.clock.advance(30)
+    c.event("n1", "rank_exit", job="job", rank=0, data={**stop, "launcher_exited": False})
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert (inc["cause"], inc["level"]) == ("rank_exit", "launcher"), inc
