@@ -109,8 +109,8 @@ def agent(
 
 def _add_local_components(agent_obj) -> None:
     """The SDK socket server (ranks, steps, heartbeats) and the command executor."""
-    from trainguard.agent.executor import CommandLoop
-    from trainguard.agent.local import LocalServer
+    from trainguard.agent.executors.loop import CommandLoop
+    from trainguard.agent.ranks.server import LocalServer
 
     try:
         local = LocalServer(agent_obj)
@@ -119,7 +119,7 @@ def _add_local_components(agent_obj) -> None:
     agent_obj.add_component(local)
     agent_obj.add_component(CommandLoop(agent_obj, local))
     if agent_obj.config.store_port:
-        from trainguard.agent.storehost import StoreHost
+        from trainguard.agent.executors.storehost import StoreHost
 
         agent_obj.add_component(StoreHost(agent_obj.config.store_port, agent_obj.config.store_host))
     if agent_obj.config.pool:

@@ -21,13 +21,13 @@ from typing import Any, Protocol
 
 import httpx
 
+from trainguard.agent.collectors.nvml import Nvml, NvmlCollector, NvmlUnavailable
+from trainguard.agent.collectors.simulated import SimulatedGpus
+from trainguard.agent.collectors.xid_watchers import KmsgWatcher, XidDedup, XidWatcher
 from trainguard.agent.config import AgentConfig
-from trainguard.agent.nvml import Nvml, NvmlCollector, NvmlUnavailable
-from trainguard.agent.outbox import Outbox
-from trainguard.agent.simulated import SimulatedGpus
-from trainguard.agent.spool import Spool, SpoolLocked
-from trainguard.agent.uplink import Uplink, agent_version
-from trainguard.agent.xid import KmsgWatcher, XidDedup, XidWatcher
+from trainguard.agent.uplink.outbox import Outbox
+from trainguard.agent.uplink.sender import Uplink, agent_version
+from trainguard.agent.uplink.spool import Spool, SpoolLocked
 from trainguard.protocol.wire import Event, GpuInfo, GpuSample
 
 log = logging.getLogger(__name__)

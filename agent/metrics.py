@@ -374,7 +374,7 @@ class AgentCollector:
             labels=["Hostname", "version", "source", "agent_id"],
         )
         source = "simulated" if getattr(self.agent.source, "simulated", False) else "nvml"
-        from trainguard.agent.uplink import agent_version
+        from trainguard.agent.uplink.sender import agent_version
 
         info.add_metric([self.hostname, agent_version(), source, uplink.agent_id], 1.0)
         yield info

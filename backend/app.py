@@ -26,7 +26,7 @@ from sqlalchemy.orm import sessionmaker
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import Receive, Scope, Send
 
-from trainguard.backend import db, errors, metrics
+from trainguard.backend import auth, db, errors, metrics
 from trainguard.backend.alerts.dispatcher import AlertDispatcher
 from trainguard.backend.analytics import monitor as analytics
 from trainguard.backend.analytics.router import router as analytics_router
@@ -48,7 +48,6 @@ from trainguard.backend.live.pgnotify import PgNotifyBus, bus_for
 from trainguard.backend.live.router import router as live_router
 from trainguard.backend.retention import Retention, RetentionPolicy
 from trainguard.backend.settings import Settings
-from trainguard.backend.tokens.router import router as tokens_router
 
 log = logging.getLogger(__name__)
 
@@ -360,7 +359,7 @@ def create_app(settings: Settings) -> FastAPI:
     api.include_router(live_router)
     api.include_router(analytics_router)
     api.include_router(catalog_router)
-    api.include_router(tokens_router)
+    api.include_router(auth.router)
     app.include_router(api)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness")

@@ -20,11 +20,13 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 
+from trainguard.backend import errors
 from trainguard.backend.ratelimit import RateLimiter
 from trainguard.backend.tokens import service as tokens
+from trainguard.backend.tokens.schemas import Whoami
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +212,26 @@ def require(role: Role):
 
 # Any valid token, whatever its roles (GET /whoami).
 SignedInDep = Annotated[Principal, Depends(_principal)]
+
+
+# GET /api/v1/whoami: the roles of the caller's token, so a client (the dashboard) offers
+# only the actions the server would allow it; the server still checks every action.
+router = APIRouter(tags=["tokens"])
+
+
+@router.get(
+    "/whoami",
+    summary="The caller's token: its principal, roles and node (any valid token)",
+    responses=errors.responses(401, 503),
+)
+def whoami(principal: SignedInDep) -> Whoami:
+    return Whoami(
+        name=principal.name,
+        roles=sorted(principal.roles),  # type: ignore[arg-type]  # roles are Role values
+        node=principal.node,
+    )
+
+
 AgentDep = Annotated[Principal, Depends(require("agent"))]
 ViewerDep = Annotated[Principal, Depends(require("viewer"))]
 OperatorDep = Annotated[Principal, Depends(require("operator"))]

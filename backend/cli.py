@@ -115,8 +115,8 @@ def server(
     from uvicorn.config import STARTUP_FAILURE
 
     from trainguard.backend.app import Server, create_app, tune_gc
-    from trainguard.backend.ingest.workers import listen_backlog
     from trainguard.backend.logs import uvicorn_log_config
+    from trainguard.backend.workers import listen_backlog
 
     if log_format not in ("text", "json"):
         fail(f"--log-format must be text or json, not {log_format!r}")
@@ -141,7 +141,7 @@ def server(
         "backlog": listen_backlog(),
     }
     if workers > 1:
-        from trainguard.backend.ingest.workers import Supervisor
+        from trainguard.backend.workers import Supervisor
 
         if settings.is_sqlite:
             fail("--workers above 1 needs PostgreSQL (SQLite is the one-process path)")

@@ -3,7 +3,7 @@
 Backend on SQLite, simulated agents (one per simulated node) and, when the `train` extra is
 installed, the demo training job with seeded faults. Every part is a real process talking
 real HTTP; only the GPUs are simulated (a GPU that falls off the bus comes back after a
-simulated reboot, agent/simulated.py).
+simulated reboot, agent/collectors/simulated.py).
 
 Ctrl-C, SIGTERM or SIGHUP stops everything within 10 s: the demo starts each child in a
 session of its own and stops them in order (the job and the agents, then the server), and

@@ -3,7 +3,7 @@
 Each launcher's workers talk to their own agent (one socket per imitated node, through
 TRAINGUARD_AGENT_SOCKET); both launchers meet in a c10d rendezvous on 127.0.0.1; the
 Wrapper's store is the one hosted at `store_port` (by the first node's agent, or
-`python -m trainguard.agent.storehost`). The launcher flags are the ones measured in
+`python -m trainguard.agent.executors.storehost`). The launcher flags are the ones measured in
 docs/restarts.md, each passed only when the installed ft_launcher has it
 (`launcher_options` reads its `--help` once).
 

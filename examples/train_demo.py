@@ -9,7 +9,7 @@ Run by backend/demojob.py (two ft_launchers x 2 ranks stand for two nodes), or b
 
 The measured configuration (docs/restarts.md):
 - the Wrapper's store is a client of a TCPStore hosted outside the ranks (the agent, or
-  `python -m trainguard.agent.storehost`), so rank 0 faults are survivable;
+  `python -m trainguard.agent.executors.storehost`), so rank 0 faults are survivable;
 - finalize releases gloo: destroy the process groups, clear the frames of the failed call's
   exception chain, gc.collect() (a peer blocked in a gloo receive is released only when the
   gloo context is destroyed);
@@ -50,7 +50,8 @@ try:
     from nvidia_resiliency_ext import inprocess
 except ImportError:  # no NVRx (no wheel for Python 3.13): only --no-wrapper runs
     inprocess = None
-from trainguard.agent import faults, storehost
+from trainguard.agent.executors import storehost
+from trainguard.examples import faults
 
 td = datetime.timedelta
 

@@ -15,7 +15,7 @@ import itertools
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from trainguard.backend.engine import queries as q
+from trainguard.backend.analytics import repository as steps
 from trainguard.backend.incidents.reads import incident_dict
 from trainguard.backend.models import TIMELINE, Command, Incident, Node, Rank, Step
 
@@ -59,7 +59,7 @@ def incident_violations(s: Session, inc: Incident) -> list[str]:
     elif d["recovery_s"] is not None:
         out.append(f"incident {inc.id}: recovery_s without resumed_at/fault_at")
     if inc.status == "failed" and inc.acted_at is not None:
-        first = q.first_step_after(s, inc)
+        first = steps.first_step_after(s, inc)
         if first is not None:
             out.append(
                 f"incident {inc.id}: failed, but the job resumed after its action "

@@ -51,7 +51,7 @@ def stop_session(proc: subprocess.Popen[bytes]) -> None:
 
 def spooled_samples(spool: Path) -> int:
     """The samples held in an agent's spool directory, as the agent sees them while it
-    runs (an outage's batches never sent share one file: agent/uplink.py)."""
+    runs (an outage's batches never sent share one file: agent/uplink/sender.py)."""
     samples = 0
     for p in spool.glob("*.batch") if spool.is_dir() else ():
         if p.name.startswith(".tmp-"):  # a write in flight

@@ -1,7 +1,8 @@
 """NVIDIA's XID catalog: what each XID means and the action NVIDIA recommends.
 
-Data and lookup only: the agent's collectors (`trainguard.agent.xid`) label the events
-they report with it, the backend's policy, evidence and catalog page read it."""
+Data and lookup only: the agent's XID watchers (`trainguard.agent.collectors.xid_watchers`)
+label the events they report with it, the backend's policy, evidence and catalog page read
+it."""
 
 from __future__ import annotations
 

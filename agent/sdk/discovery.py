@@ -3,7 +3,7 @@
 TRAINGUARD_AGENT_SOCKET when set, else the first of the well-known places an agent
 listens on (`socket_candidates()`: /run/trainguard/agent.sock,
 $XDG_RUNTIME_DIR/trainguard/agent.sock, /tmp/trainguard-<uid>/agent.sock). The agent
-binds the first of the same list it can create (trainguard.agent.local)."""
+binds the first of the same list it can create (trainguard.agent.ranks.server)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,9 @@ and time no interval covers is `other`. The intervals:
   to a step after carve-outs is split into productive (up to k x ideal, k = the step
   numbers it covers) and straggler (the excess). ideal = mean of the per-step times that
   are <= median + 3 MAD (ml-goodput-measurement).
-- wasted_progress: every execution of a step number that is executed again later (a
-  rollback), i.e. all but the last execution.
+- wasted_progress: the steps redone (`redone`, the one definition that incidents' lost
+  steps use too): every execution that a later restart discarded by resuming from its
+  step number or an earlier one.
 - recovery: every incident, fault_at -> the start of the step that resumed training (the
   step that ends at resumed_at is productive work; without resumed_at: to the end of the
   first cohort step that ends after the fault, else to `until`); and every gap between
@@ -33,6 +34,7 @@ and time no interval covers is `other`. The intervals:
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -132,6 +134,35 @@ def merge(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def redone(steps: Sequence[CohortStep]) -> dict[int, int]:
+    """Steps redone, the one definition (goodput's wasted steps, an incident's lost steps):
+    {index of a discarded execution: index of the execution that discarded it}.
+
+    An execution is redone when an execution that started after it had ended resumes
+    from its step number or an earlier one (a restart from a checkpoint, or an
+    in-process restart repeating the step it failed in); it belongs to the first such
+    execution, the rollback: from the checkpoint to the fault's step, each execution
+    once, whether or not the job has reached its step number again. A restart from
+    memory (the next step number) redoes nothing. Only times and step numbers decide:
+    two nodes' ranks that disagree on their attempt number (torchrun counts a restart
+    on the failed node only) overlap in time and redo nothing of each other."""
+    order = sorted(range(len(steps)), key=lambda i: (steps[i].start, steps[i].end))
+    running: list[tuple[float, int]] = []  # (end, index): started, not yet ended
+    done: list[tuple[int, int]] = []  # (step, index) ended and not discarded, by step
+    out: dict[int, int] = {}
+    for i in order:
+        s = steps[i]
+        while running and running[0][0] <= s.start:
+            _, j = heapq.heappop(running)
+            bisect.insort(done, (steps[j].step, j))
+        cut = bisect.bisect_left(done, (s.step, -1))
+        for _, j in done[cut:]:
+            out[j] = i
+        del done[cut:]
+        heapq.heappush(running, (s.end, i))
+    return out
+
+
 def resumption_start(starts: Sequence[float], fault: float, resumed: float) -> float:
     """Where an incident's recovery ends: the start of the step that resumed training.
 
@@ -171,7 +202,6 @@ def account(
 
     # Step intervals and their kinds.
     prev_end: dict[tuple[int, int], tuple[int, float]] = {}
-    last_exec: dict[int, int] = {}  # step number -> index of its last execution
     intervals: list[tuple[float, float, int, int]] = []  # (a, b, prio, step index or -1)
     k_of: list[int] = []
     for i, s in enumerate(order):
@@ -184,8 +214,7 @@ def account(
         prev_end[gen] = (s.step, s.end)
         k_of.append(k)
         intervals.append((a, s.end, _STEP, i))
-        last_exec[s.step] = i
-    wasted = {i for i, s in enumerate(order) if last_exec[s.step] != i}
+    wasted = set(redone(order))
     intervals = [(a, b, _WASTED if i in wasted else p, i) for a, b, p, i in intervals]
 
     # Generations and the gaps between them.
@@ -269,7 +298,8 @@ def account(
         series=series,
         ideal_step_s=ideal,
         productive_steps=len(in_window - wasted),
-        wasted_steps=len(in_window & wasted),
+        # counted, not timed: a redone step that a recovery or a save covers is one too
+        wasted_steps=sum(1 for i in wasted if order[i].end >= since),
         disruptions=disruptions,
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, func, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.analytics.goodput import CohortStep
@@ -24,15 +24,26 @@ class Placement:
     gpu_uuid: str | None
 
 
-def cohort_steps(session: Session, job_id: int, since: float, until: float) -> list[CohortStep]:
+def cohort_steps(
+    session: Session,
+    job_id: int,
+    since: float,
+    until: float | None,
+    ended_by: float | None = None,
+) -> list[CohortStep]:
     """One row per (attempt, iteration, step) that ends at or after `since` and starts by
-    `until`: the earliest rank's start and the slowest rank's end. Plus the last step that
-    ended before `since`, so the window's first step knows where it began."""
-    rows = session.execute(
-        select(Step.attempt, Step.iteration, Step.step, func.min(Step.start), func.max(Step.end))
-        .where(Step.job_id == job_id, Step.end >= since, Step.start <= until)
-        .group_by(Step.attempt, Step.iteration, Step.step)
-    ).all()
+    `until` (None: any time): the earliest rank's start and the slowest rank's end. Plus
+    the last step that ended before `since`, so the window's first step knows where it
+    began. `ended_by`: of the rows that ended by then only (a span long past, read
+    without scanning the (job_id, end) index to the job's newest step)."""
+    stmt = select(
+        Step.attempt, Step.iteration, Step.step, func.min(Step.start), func.max(Step.end)
+    ).where(Step.job_id == job_id, Step.end >= since)
+    if until is not None:
+        stmt = stmt.where(Step.start <= until)
+    if ended_by is not None:
+        stmt = stmt.where(Step.end <= ended_by)
+    rows = session.execute(stmt.group_by(Step.attempt, Step.iteration, Step.step)).all()
     out = [CohortStep(a, i, s, start, end) for a, i, s, start, end in rows]
     prev = session.execute(
         select(Step.attempt, Step.iteration, Step.step, Step.start, Step.end)
@@ -107,6 +118,46 @@ def incidents(
     if since is not None:
         stmt = stmt.where((Incident.resumed_at.is_(None)) | (Incident.resumed_at >= since))
     return list(session.scalars(stmt.order_by(fault)))
+
+
+def next_fault(session: Session, inc: Incident) -> float | None:
+    """The fault time of the job's next incident (by fault time, then id), or None: where
+    this incident's recovery ends at the latest, as goodput orders incidents."""
+    fault = func.coalesce(Incident.fault_at, Incident.created_at)
+    mine = inc.fault_at if inc.fault_at is not None else inc.created_at
+    return session.scalar(
+        select(func.min(fault)).where(
+            Incident.job_id == inc.job_id,
+            (fault > mine) | ((fault == mine) & (Incident.id > inc.id)),
+        )
+    )
+
+
+def redo_start(
+    session: Session, job_id: int, since: float, until: float | None, ended_by: float | None
+) -> float | None:
+    """From when the steps that restarts starting between `since` and `until` (None: no
+    end) can have discarded were run: the end of the last step before `since` whose
+    number is below every step started in between (of the rows ended by `ended_by`), 0.0
+    when there is none: from the job's first step. A step run before that one was
+    discarded, if at all, by the restart that brought its number down, not by those.
+    None: no step started in between."""
+    stmt = select(func.min(Step.step)).where(
+        Step.job_id == job_id, Step.end >= since, Step.start >= since
+    )
+    if until is not None:
+        stmt = stmt.where(Step.start <= until)
+    if ended_by is not None:
+        stmt = stmt.where(Step.end <= ended_by)
+    lowest = session.scalar(stmt)
+    if lowest is None:
+        return None
+    below = session.scalar(
+        select(func.max(Step.end)).where(
+            Step.job_id == job_id, Step.end < since, Step.step < lowest
+        )
+    )
+    return 0.0 if below is None else below
 
 
 def placements(session: Session, job_id: int) -> list[Placement]:
@@ -196,3 +247,60 @@ def node_gpus(session: Session, node_id: int) -> list[tuple[str, int]]:
         select(Gpu.uuid, Gpu.index).where(Gpu.node_id == node_id).order_by(Gpu.index)
     )
     return [(uuid, index) for uuid, index in rows]
+
+
+# --- an incident's recovery, from the job's steps ---------------------------------------
+
+
+def _newer_generation(inc: Incident) -> Any:
+    if inc.fault_attempt is None or inc.fault_iteration is None:
+        return None
+    return or_(
+        Step.attempt > inc.fault_attempt,
+        and_(Step.attempt == inc.fault_attempt, Step.iteration > inc.fault_iteration),
+    )
+
+
+def first_step_after(session: Session, inc: Incident) -> Any:
+    """The first step of the job's recovery, or None: (step, start, end). It is a step of a
+    later generation than the fault's (or one started after the restart ack) that started
+    after the current action was taken (or after the fault, when none was): a step still
+    in flight at the fault, or one of a restart that came before the action, is not the
+    action's resumption."""
+    if inc.fault_at is None:
+        return None
+    conds = []
+    newer = _newer_generation(inc)
+    if newer is not None:
+        conds.append(newer)
+    if inc.restarted_at is not None:
+        conds.append(Step.start >= inc.restarted_at)
+    if not conds:
+        return None
+    after = max(inc.fault_at, inc.acted_at or 0.0)
+    return session.execute(
+        select(Step.step, Step.start, Step.end)
+        .where(Step.job_id == inc.job_id, Step.start >= after, or_(*conds))
+        .order_by(Step.end)
+        .limit(1)
+    ).first()
+
+
+def recovered_by_itself(session: Session, inc: Incident) -> Any:
+    """The first step of a generation later than the fault's that started after the
+    fault: the job restarted without trainguard (NVRx's Wrapper, its launcher), or None:
+    (step, start, end)."""
+    newer = _newer_generation(inc)
+    if newer is None or inc.fault_at is None:
+        return None
+    return session.execute(
+        select(Step.step, Step.start, Step.end)
+        .where(
+            Step.job_id == inc.job_id,
+            Step.end >= inc.fault_at,  # implied by the start; bounds the (job_id, end) scan
+            Step.start >= inc.fault_at,
+            newer,
+        )
+        .order_by(Step.end)
+        .limit(1)
+    ).first()

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from trainguard.backend.analytics import advice
 from trainguard.backend.analytics import repository as repo
-from trainguard.backend.analytics.goodput import Accounting, account
+from trainguard.backend.analytics.goodput import Accounting, account, redone
 from trainguard.backend.errors import DomainError, NotFound
 from trainguard.backend.models import Event, Incident, Job
 
@@ -119,6 +119,40 @@ def goodput_report(
         "wasted_steps": acc.wasted_steps,
         "series": acc.series,
     }
+
+
+def lost_steps(session: Session, inc: Incident) -> int | None:
+    """An incident's lost steps. Until the job has a step of a generation after the
+    fault's (no restart yet): the estimate stored when it opened (fault step - the last
+    checkpoint's). From then on: the steps its recovery redid, by the definition goodput's
+    wasted steps use (`goodput.redone`): the executions discarded by the rollbacks that
+    started at or after its fault, before the job's next incident's fault and, once it
+    resumed, by `resumed_at`. Each rollback belongs to one incident at most, so the
+    incidents' lost steps add up to the job's wasted steps (less those of a restart no
+    incident covers)."""
+    if repo.recovered_by_itself(session, inc) is None:  # (None too without a fault time)
+        return inc.lost_steps
+    assert inc.fault_at is not None
+    since, resumed = inc.fault_at, inc.resumed_at
+    nxt = repo.next_fault(session, inc)
+    until = min((t for t in (resumed, nxt) if t is not None), default=None)
+    # The restart's first step ended by `resumed_at` (on every rank when the last node's
+    # ack set it; on one at least, enough to find it, when the sweep did), and what it
+    # discarded ended before it started: no row that ended later is read.
+    ended_by = resumed if until is not None and until == resumed else None
+    begin = repo.redo_start(session, inc.job_id, since, until, ended_by)
+    if begin is None:
+        return 0
+    steps = repo.cohort_steps(session, inc.job_id, begin, until, ended_by)
+
+    def mine(start: float) -> bool:
+        return (
+            since <= start
+            and (resumed is None or start <= resumed)
+            and (nxt is None or start < nxt)
+        )
+
+    return sum(1 for f in redone(steps).values() if mine(steps[f].start))
 
 
 # --- stragglers ------------------------------------------------------------------------------

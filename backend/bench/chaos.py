@@ -5,7 +5,7 @@ Every part is a real process talking real HTTP, as in `trainguard demo`: the ser
 (SQLite in the bench's data dir, `recovery_engine.Backend`), one `trainguard agent
 --simulate 2` process per simulated node, the NVRx Wrapper's store hosted by the bench,
 and the demo job (backend/demojob.py: one ft_launcher x 2 ranks of examples/train_demo.py
-per node). The job injects its own seeded faults (agent/faults.py: exception, SIGKILL,
+per node). The job injects its own seeded faults (examples/faults.py: exception, SIGKILL,
 hang, XID 79 through the node's agent), a new run of it (next seed) starts when one ends,
 and the bench brings faults from outside now and then (backend/bench/chaos_outside.py:
 an agent killed or stopped and started again, the user's SIGTERM of the job's launchers,

@@ -1,7 +1,7 @@
 """The options of `trainguard bench chaos` (backend/bench/chaos.py runs it): the mix of
 faults, the shape of the job and of the nodes, the bench's own faults from outside the
 job (backend/bench/chaos_outside.py), `parse_config` that checks the CLI's options, and
-the plan of faults a job run injects (agent/faults.py).
+the plan of faults a job run injects (examples/faults.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The mix of the job's own faults (agent/faults.py weights; "xid" is XID 79: the simulated
+# The mix of the job's own faults (examples/faults.py weights; "xid" is XID 79: the simulated
 # GPU falls off the bus). The bench's faults from outside come on top.
 DEFAULT_KINDS = "exception:0.3,sigkill:0.25,hang:0.2,xid:0.25"
 # The bench's own faults, from outside the job, one at a time (chaos_outside.py):
@@ -86,7 +86,7 @@ def parse_config(
     )
     if cfg.bench_every_s and cfg.bench_every_s < MIN_EVERY_S:
         raise ChaosError(f"--bench-every must be 0 or at least {MIN_EVERY_S:g} s")
-    from trainguard.agent import faults as job_faults
+    from trainguard.examples import faults as job_faults
 
     try:
         job_faults.parse_kinds(kinds)
@@ -144,8 +144,8 @@ def _down_after_s() -> float:
 
 
 def _plan(cfg: ChaosConfig, run_seed: int) -> list[Any]:
-    """The faults a job run injects: the plan every rank draws (agent/faults.py)."""
-    from trainguard.agent import faults
+    """The faults a job run injects: the plan every rank draws (examples/faults.py)."""
+    from trainguard.examples import faults
 
     return faults.plan(
         cfg.faults_per_run,

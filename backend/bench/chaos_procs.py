@@ -82,7 +82,7 @@ class Chaos:
     # --- processes ---------------------------------------------------------------------
 
     def up(self) -> None:
-        from trainguard.agent.storehost import StoreHost
+        from trainguard.agent.executors.storehost import StoreHost
         from trainguard.backend import demojob
         from trainguard.backend.bench.recovery_engine import Backend
         from trainguard.backend.engine.policy import PolicyError, load_policy
@@ -343,7 +343,7 @@ class Chaos:
 
     def rank_faults(self, steps: list[Step]) -> list[Fault]:
         """The faults the ranks fired: each run's plan, and the marker file a rank writes
-        just before it fires one (agent/faults.py Injector), whose first words are the time
+        just before it fires one (examples/faults.py Injector), whose first words are the time
         and the rank's pid. The rank's node: where the bench saw that pid, else the node of
         its last step before (its steps are lost while its agent is down)."""
         last: dict[tuple[str, int], list[Step]] = {}

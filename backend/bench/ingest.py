@@ -228,7 +228,7 @@ def _gen_worker(
         nonlocal order
         n.busy = False
         # 503 (the database unavailable, a proxy's overload): sent again after
-        # Retry-After and the agent's jitter (agent/uplink.py), until one interval past
+        # Retry-After and the agent's jitter (agent/uplink/sender.py), until one interval past
         # the end. Latency is from the first send to the answer that stored it.
         if status == 503 and time.monotonic() + retry_after <= n.end + batch_interval:
             backoff = min(30.0, 0.5 * 2**n.refusals)

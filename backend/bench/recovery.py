@@ -2,7 +2,7 @@
 
 The demo job (examples/train_demo.py: an MLP on synthetic data, gloo, 4 ranks as two
 ft_launchers x 2 ranks, each launcher's ranks reporting to their own agent's LocalServer,
-the Wrapper's store hosted outside the ranks) with `faults` seeded faults (agent/faults.py,
+the Wrapper's store hosted outside the ranks) with `faults` seeded faults (examples/faults.py,
 the AWS failure simulator's draws: random.Random(seed), after `after_step`, never rank 0).
 Every mode gets the same fault steps and ranks; only the kind differs:
 
@@ -120,8 +120,8 @@ class Nodes:
         its socket, and the job starts only once every pool is full."""
         from trainguard.agent.config import AgentConfig
         from trainguard.agent.daemon import build_agent
-        from trainguard.agent.local import LocalServer
-        from trainguard.agent.storehost import StoreHost
+        from trainguard.agent.executors.storehost import StoreHost
+        from trainguard.agent.ranks.server import LocalServer
         from trainguard.backend import demojob
 
         workdir.mkdir(parents=True, exist_ok=True)
@@ -286,7 +286,7 @@ def supervise(
 
 def fault_plan(mode: str, faults: int, seed: int, after_step: int, steps: int) -> list[Any]:
     """The faults a mode's job run injects (the demo draws the same plan on every rank)."""
-    from trainguard.agent import faults as faults_mod
+    from trainguard.examples import faults as faults_mod
 
     kinds = MIXED_KINDS if FAULT_KIND[mode] == "mixed" else FAULT_KIND[mode]
     return faults_mod.plan(faults, seed, after_step, steps, 4, faults_mod.parse_kinds(kinds))

@@ -2,7 +2,7 @@
 
 A real `trainguard server` (SQLite in the run's work directory, its decision engine on)
 and the two imitated nodes' agents posting to it over HTTP, each with the command executor
-(`agent/executor.py`) long-polling for its node's commands. The engine chooses the restart
+(`agent/executors/loop.py`) long-polling for its node's commands. The engine chooses the restart
 level for every fault from the evidence the agents send; this module starts that backend,
 connects the agents, and reads back from the incidents which level the engine chose and
 who carried the restart out.
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.agent.outbox import Drained, Outbox
+from trainguard.agent.uplink.outbox import Drained, Outbox
 
 # The engine's policy for this bench: backend/policy/default.toml with two keys changed.
 # The demo compresses 5 faults into about a minute of job time; the default cooldown (10 s
@@ -68,11 +68,11 @@ class ConnectedAgent:
     command executor), in a thread of the bench process so its outbox can be read."""
 
     def __init__(self, cfg: Any) -> None:
+        from trainguard.agent.collectors.simulated import SimulatedGpus
         from trainguard.agent.daemon import Agent
-        from trainguard.agent.executor import CommandLoop
-        from trainguard.agent.local import LocalServer
-        from trainguard.agent.simulated import SimulatedGpus
-        from trainguard.agent.spool import Spool
+        from trainguard.agent.executors.loop import CommandLoop
+        from trainguard.agent.ranks.server import LocalServer
+        from trainguard.agent.uplink.spool import Spool
 
         self.outbox = TeeOutbox()
         source = SimulatedGpus(cfg.simulate, cfg.node, cfg.seed, self.outbox)

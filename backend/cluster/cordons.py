@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from trainguard.backend.models import AuditLog, Node, NodeCordon
+from trainguard.backend import audit
+from trainguard.backend.models import Node, NodeCordon
 
 
 def cordon(
@@ -38,10 +39,8 @@ def cordon(
         evidence=evidence[:2000],
     )
     session.add(row)
-    session.add(
-        AuditLog(
-            ts=now, actor=by, action="cordon", target=f"node:{node.name}", reason=reason[:2000]
-        )
+    audit.record(
+        session, ts=now, actor=by, action="cordon", target=f"node:{node.name}", reason=reason[:2000]
     )
     return row
 
@@ -58,10 +57,13 @@ def readmit(session: Session, node: Node, by: str, reason: str, now: float) -> b
         row.released_at = now
         row.released_by = by
         row.release_reason = reason[:2000]
-    session.add(
-        AuditLog(
-            ts=now, actor=by, action="uncordon", target=f"node:{node.name}", reason=reason[:2000]
-        )
+    audit.record(
+        session,
+        ts=now,
+        actor=by,
+        action="uncordon",
+        target=f"node:{node.name}",
+        reason=reason[:2000],
     )
     return True
 

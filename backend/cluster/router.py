@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
 
-from trainguard.backend import errors
+from trainguard.backend import audit, errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
 from trainguard.backend.cluster import cordons, service
 from trainguard.backend.cluster.schemas import (
@@ -23,9 +23,8 @@ from trainguard.backend.cluster.schemas import (
     NodeDetail,
 )
 from trainguard.backend.db import SessionDep
-from trainguard.backend.engine.hooks import run_hook
 from trainguard.backend.errors import DomainError
-from trainguard.backend.models import AuditLog
+from trainguard.backend.hooks import run_hook
 from trainguard.backend.names import NodeName
 from trainguard.protocol.wire import EventKind
 
@@ -195,4 +194,4 @@ def uncordon(
 
 def _audit(session: SessionDep, now: float, who: str, action: str, node: str, why: str) -> None:
     """Every operator action is audited, also one that changed nothing."""
-    session.add(AuditLog(ts=now, actor=who, action=action, target=f"node:{node}", reason=why))
+    audit.record(session, ts=now, actor=who, action=action, target=f"node:{node}", reason=why)

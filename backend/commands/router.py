@@ -13,7 +13,7 @@ from trainguard.backend import errors
 from trainguard.backend.auth import AgentDep, check_node
 from trainguard.backend.commands import service
 from trainguard.backend.commands.schemas import AckResult
-from trainguard.backend.incidents import publish
+from trainguard.backend.incidents import acks, publish
 from trainguard.backend.models import Command, Incident
 from trainguard.backend.names import NodeName
 from trainguard.protocol import wire
@@ -120,7 +120,7 @@ async def ack_command(
                 cmd = session.get(Command, command_id)
                 inc = session.get(Incident, cmd.incident_id) if cmd and cmd.incident_id else None
                 before = inc.status if inc else None
-                fresh = service.record_ack(session, command_id, ack)
+                fresh = acks.record_ack(session, command_id, ack)
             changed = publish.take(session)
         app.state.bus.publish(
             "events", "command", {"command_id": command_id, "phase": ack.phase, "node": ack.node}

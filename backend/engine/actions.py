@@ -19,13 +19,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from trainguard.backend import audit
 from trainguard.backend.cluster import cordons
 from trainguard.backend.engine import queries as q
-from trainguard.backend.engine.hooks import HookResult
 from trainguard.backend.engine.policy import Policy
+from trainguard.backend.hooks import HookResult
+from trainguard.backend.incidents import acks
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.jobs.service import set_job_state
-from trainguard.backend.models import AuditLog, Gpu, Incident, Job, Node
+from trainguard.backend.models import Gpu, Incident, Job, Node
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +109,13 @@ class Actions:
         incidents.take_action(session, inc, now, restart)
         if level == "stop_job":
             incidents.stop(session, inc, now, why)
-            session.add(
-                AuditLog(
-                    ts=now,
-                    actor=by,
-                    action="stop_job",
-                    target=f"job:{job.name}",
-                    reason=f"incident {inc.id}: {why}"[:2000],
-                )
+            audit.record(
+                session,
+                ts=now,
+                actor=by,
+                action="stop_job",
+                target=f"job:{job.name}",
+                reason=f"incident {inc.id}: {why}"[:2000],
             )
             log.warning("ALERT job %s stopped (incident %d): %s", job.name, inc.id, why)
             self._stop_launchers(session, inc, job, why, now)
@@ -135,14 +136,14 @@ class Actions:
         self, session: Session, inc: Incident, job: Job, why: str, now: float
     ) -> None:
         """stop_job ends the job through its launchers: a stop_job command to the agent of
-        every node with its ranks (acks: incidents.record_stop). Without one to send, the
+        every node with its ranks (acks: incidents.acks.record_stop). Without one to send, the
         job's state says what is true: its launcher goes on by itself."""
         targets = q.job_nodes(session, job.id, now - self.fresh_within_s, frozenset())
         reason = f"incident {inc.id}: {why}"
         if not targets:
-            set_job_state(job, "stopped", now, f"{reason}; {incidents.STILL_RESTARTS}")
+            set_job_state(job, "stopped", now, f"{reason}; {acks.STILL_RESTARTS}")
             return
-        set_job_state(job, "stopped", now, f"{reason}; {incidents.ENDING_LAUNCHER}")
+        set_job_state(job, "stopped", now, f"{reason}; {acks.ENDING_LAUNCHER}")
         n = incidents.issue_commands(session, inc, "stop_job", targets, now, reason, fault=False)
         self.commands += n
         self._count("commands", n)
@@ -343,14 +344,13 @@ class Actions:
         self._count(f"hook_{job_.hook}_{'ok' if result.ok else 'failed'}")
         now = self.clock()
         verdict = "passed" if result.ok else f"failed (rc {result.rc})"
-        session.add(
-            AuditLog(
-                ts=now,
-                actor=ENGINE_ACTOR,
-                action=f"hook:{job_.hook}",
-                target=f"node:{node.name}",
-                reason=f"{' '.join(result.command)[:500]}: {verdict}: {result.output[:500]}",
-            )
+        audit.record(
+            session,
+            ts=now,
+            actor=ENGINE_ACTOR,
+            action=f"hook:{job_.hook}",
+            target=f"node:{node.name}",
+            reason=f"{' '.join(result.command)[:500]}: {verdict}: {result.output[:500]}",
         )
         if job_.hook == "health_check" and result.ok:
             self.readmit_node(session, node, "health check passed")

@@ -14,13 +14,16 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from trainguard.backend.analytics import repository as steps
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, Actions
 from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence, Verdict, classify, describe
-from trainguard.backend.engine.policy import LADDER, next_level, rung
+from trainguard.backend.engine.policy import next_level, rung
+from trainguard.backend.incidents import operators
 from trainguard.backend.incidents import service as incidents
+from trainguard.backend.jobs.service import capabilities, launcher_budget
 from trainguard.backend.models import Incident, Job
-from trainguard.backend.models.control import ACTIVE_STATUSES, IncidentEvidence
+from trainguard.backend.models.control import ACTIVE_STATUSES, LADDER, IncidentEvidence
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +235,7 @@ class Decider(Actions):
         if level in ("exclude_node", "reset_gpu") and not hardware:
             notes.append("no evidence against a node's hardware: no node is excluded")
             level = "launcher"
-        caps = q.capabilities(session, job.id, now - self.fresh_within_s)
+        caps = capabilities(session, job.id, now - self.fresh_within_s)
         if level == "in_process" and "in_process" not in caps["levels"]:
             notes.append("not every live rank runs under NVRx's Wrapper: launcher")
             level = "launcher"
@@ -250,9 +253,9 @@ class Decider(Actions):
             notes.append("no launcher respawns the job's ranks: stop_job")
             level = "stop_job"
         if level == "launcher" and "in_process" in caps["levels"]:
-            launcher = q.launcher_budget(session, job.id, now - self.fresh_within_s)
+            launcher = launcher_budget(session, job.id, now - self.fresh_within_s)
             if _last_restart(launcher) and not self._ladder_passed(session, job, now, "in_process"):
-                notes.append(f"{incidents.budget_text(launcher)}: in_process instead")
+                notes.append(f"{operators.budget_text(launcher)}: in_process instead")
                 level = "in_process"
         budget = self.policy.model.limits.budget_per_hour
         if level != "stop_job":
@@ -276,11 +279,11 @@ class Decider(Actions):
         its launcher restarts the ranks that died anyway."""
         if level not in BUDGET_LEVELS or inc.acted_at is not None:
             return False
-        budget = q.launcher_budget(session, job.id, self.clock() - self.fresh_within_s)
+        budget = launcher_budget(session, job.id, self.clock() - self.fresh_within_s)
         if not _last_restart(budget):
             return False
         now = self.clock()
-        text = incidents.budget_text(budget)
+        text = operators.budget_text(budget)
         incidents.hold(
             session,
             inc,
@@ -307,7 +310,7 @@ class Decider(Actions):
         acting now would restart a job that already recovered."""
         if inc.acted_at is not None or inc.cause not in JOB_CAUSES:
             return False
-        first = q.recovered_by_itself(session, inc)
+        first = steps.recovered_by_itself(session, inc)
         if first is None:
             return False
         now = self.clock()
@@ -375,4 +378,4 @@ class Decider(Actions):
 def _last_restart(budget: dict[str, int | None]) -> bool:
     """One launcher restart left, or none (known from the job's live ranks)."""
     left = budget["restarts_left"]
-    return left is not None and left <= incidents.LAST_LAUNCHER_RESTART
+    return left is not None and left <= operators.LAST_LAUNCHER_RESTART

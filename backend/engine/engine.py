@@ -31,9 +31,9 @@ from trainguard.backend.engine import lifecycle, silence, sweep
 from trainguard.backend.engine.actions import HookJob
 from trainguard.backend.engine.decide import Decider
 from trainguard.backend.engine.evidence import EVIDENCE_KINDS, Evidence
-from trainguard.backend.engine.hooks import HookResult, run_hook
 from trainguard.backend.engine.leader import AdvisoryLockLeadership, Leadership, leadership_for
 from trainguard.backend.engine.policy import Policy
+from trainguard.backend.hooks import HookResult, run_hook
 from trainguard.backend.incidents import publish
 from trainguard.backend.models import Event, Node
 from trainguard.backend.models.control import EngineState

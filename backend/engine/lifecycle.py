@@ -33,6 +33,7 @@ from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, WAITING, HookJob, set_job_state
 from trainguard.backend.engine.decide import Decider
 from trainguard.backend.engine.evidence import clean_exit, stopped
+from trainguard.backend.incidents import reads
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.models import (
     JOB_ENDED,
@@ -141,16 +142,10 @@ def _under_way(inc: Incident | None) -> bool:
 def _set(
     d: Decider, job: Job, state: str, now: float, reason: str, ended: float | None = None
 ) -> None:
-    """The job's state, and when it ended if it did (a `stopped` job ends only with
-    its ranks)."""
-    if ended is not None and job.ended_at is None:
-        job.ended_at = ended
-    if job.state == state:
-        return
-    set_job_state(job, state, now, reason)
-    if ended is not None:
-        job.ended_at = ended
-    d._count(f"job_{state}")
+    """The job's state, and when it ended if it did (jobs.service.set_job_state)."""
+    if job.state != state:
+        d._count(f"job_{state}")
+    set_job_state(job, state, now, reason, ended)
 
 
 def _last_exits(session: Session, job: str, since: float) -> dict[int, tuple[float, dict]]:
@@ -168,16 +163,10 @@ def _last_exits(session: Session, job: str, since: float) -> dict[int, tuple[flo
 
 def waiting_jobs(d: Decider, session: Session, now: float) -> None:
     """A job left without a schedulable node restarts once one of its nodes is back."""
-    rows = session.scalars(
-        select(Incident)
-        .where(Incident.status == "open", Incident.outcome.startswith(WAITING))
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
-    for inc in rows:
-        job = session.get(Job, inc.job_id)
-        if job is None:
-            continue
+    rows = reads.locked_with_jobs(
+        session, Incident.status == "open", Incident.outcome.startswith(WAITING)
+    )
+    for inc, job in rows:
         if _ended_cleanly(session, job):
             # Its ranks trained on (on the cordoned node: cordon means no new work) and
             # finished: nothing to restart, job_states says `finished`.
@@ -216,17 +205,13 @@ def agents_back(d: Decider, session: Session, now: float) -> None:
     """A `node_down` incident not acted on yet (waiting for its cooldown, an operator's
     approval or the cordon breaker) whose node's agent reported again: its cause went
     away (the node was not down), so it closes with that outcome and nothing is done."""
-    rows = session.scalars(
-        select(Incident)
-        .where(
-            Incident.status.in_(ACTIVE_STATUSES),
-            Incident.cause == "node_down",
-            Incident.acted_at.is_(None),
-            Incident.created_at >= now - LOOKBACK_S,
-        )
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
+    rows = reads.locked(
+        session,
+        Incident.status.in_(ACTIVE_STATUSES),
+        Incident.cause == "node_down",
+        Incident.acted_at.is_(None),
+        Incident.created_at >= now - LOOKBACK_S,
+    )
     for inc in rows:
         node = session.get(Node, inc.node_id) if inc.node_id is not None else None
         if node is None or inc.fault_at is None or node.last_seen <= inc.fault_at:

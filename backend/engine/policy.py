@@ -24,14 +24,10 @@ from pydantic import (
     field_validator,
 )
 
+from trainguard.backend.models.control import LADDER, ActionName
+
 DEFAULT_POLICY_FILE = Path(__file__).resolve().parent.parent / "policy" / "default.toml"
 
-# The escalation ladder, cheapest first.
-LADDER = ("in_process", "launcher", "exclude_node", "stop_job")
-# What a cause may map to: a rung, a GPU reset (then launcher; exclude_node without a
-# reset hook), or nothing.
-ActionName = Literal["in_process", "launcher", "exclude_node", "stop_job", "reset_gpu", "ignore"]
-ACTION_NAMES = (*LADDER, "reset_gpu", "ignore")
 RecoveryName = Literal[
     "in_process", "launcher", "exclude_node", "stop_job", "reset_gpu", "ignore", "bucket"
 ]

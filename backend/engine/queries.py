@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.engine.evidence import SOFT_BUCKETS, as_int, hardware_evidence
@@ -17,7 +15,6 @@ from trainguard.backend.models import (
     Node,
     NodeCordon,
     Rank,
-    Step,
 )
 from trainguard.backend.models.control import IncidentEvidence
 from trainguard.protocol.xid import describe_xid
@@ -172,99 +169,6 @@ def culprit_node(session: Session, inc: Incident) -> int | None:
     exception or a hang says nothing against a node (do no harm)."""
     found = hardware_nodes(session, inc)
     return found[0][0] if found else None
-
-
-def _newer_generation(inc: Incident) -> Any:
-    if inc.fault_attempt is None or inc.fault_iteration is None:
-        return None
-    return or_(
-        Step.attempt > inc.fault_attempt,
-        and_(Step.attempt == inc.fault_attempt, Step.iteration > inc.fault_iteration),
-    )
-
-
-def first_step_after(session: Session, inc: Incident) -> Any:
-    """The first step of the job's recovery, or None: (step, start, end). It is a step of a
-    later generation than the fault's (or one started after the restart ack) that started
-    after the current action was taken (or after the fault, when none was): a step still
-    in flight at the fault, or one of a restart that came before the action, is not the
-    action's resumption."""
-    if inc.fault_at is None:
-        return None
-    conds = []
-    newer = _newer_generation(inc)
-    if newer is not None:
-        conds.append(newer)
-    if inc.restarted_at is not None:
-        conds.append(Step.start >= inc.restarted_at)
-    if not conds:
-        return None
-    after = max(inc.fault_at, inc.acted_at or 0.0)
-    return session.execute(
-        select(Step.step, Step.start, Step.end)
-        .where(Step.job_id == inc.job_id, Step.start >= after, or_(*conds))
-        .order_by(Step.end)
-        .limit(1)
-    ).first()
-
-
-def recovered_by_itself(session: Session, inc: Incident) -> Any:
-    """The first step of a generation later than the fault's that started after the
-    fault: the job restarted without trainguard (NVRx's Wrapper, its launcher), or None:
-    (step, start, end)."""
-    newer = _newer_generation(inc)
-    if newer is None or inc.fault_at is None:
-        return None
-    return session.execute(
-        select(Step.step, Step.start, Step.end)
-        .where(Step.job_id == inc.job_id, Step.start >= inc.fault_at, newer)
-        .order_by(Step.end)
-        .limit(1)
-    ).first()
-
-
-def capabilities(session: Session, job_id: int, since: float) -> dict[str, Any]:
-    """What the job's live ranks declared: in_process only when every one of them runs
-    under NVRx's Wrapper (a rank that declared nothing, an older SDK, is not counted
-    against it); the launchers they run under."""
-    rows = session.execute(
-        select(Rank.in_process, Rank.launcher).where(
-            Rank.job_id == job_id, Rank.alive.is_(True), Rank.updated_at >= since
-        )
-    ).all()
-    declared = [p for p, _ in rows if p is not None]
-    launchers = sorted({lch for _, lch in rows if lch})
-    in_process = all(declared) if declared else None
-    levels = ["in_process", "launcher"] if in_process is not False else ["launcher"]
-    if launchers == ["none"]:
-        levels = [lv for lv in levels if lv != "launcher"]
-    return {"in_process": in_process, "launchers": launchers, "levels": levels}
-
-
-def launcher_budget(session: Session, job_id: int, since: float) -> dict[str, int | None]:
-    """The launcher's restart budget as the job's live ranks declared it: `max_restarts`
-    (its --max-restarts), `restart_count` (the restarts used) and `restarts_left` (None:
-    no live rank declared both). Each launcher counts its own (several torchruns), so the
-    job has what its tightest launcher has left: the rank with the fewest restarts left."""
-    rows = session.execute(
-        select(Rank.max_restarts, Rank.restart_count).where(
-            Rank.job_id == job_id,
-            Rank.alive.is_(True),
-            Rank.updated_at >= since,
-            Rank.max_restarts.is_not(None),
-            Rank.restart_count.is_not(None),
-        )
-    ).all()
-    tightest: tuple[int, int] | None = None
-    for most, used in rows:
-        if most is None or used is None:
-            continue  # (filtered out by the query; narrows the types)
-        if tightest is None or most - used < tightest[0] - tightest[1]:
-            tightest = (most, used)
-    if tightest is None:
-        return {"max_restarts": None, "restart_count": None, "restarts_left": None}
-    most, used = tightest
-    return {"max_restarts": most, "restart_count": used, "restarts_left": max(0, most - used)}
 
 
 def engine_cordons_since(session: Session, since: float) -> int:

@@ -15,12 +15,14 @@ from __future__ import annotations
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from trainguard.backend.analytics import repository as steps
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, NO_RANK, HookJob
 from trainguard.backend.engine.decide import Decider
 from trainguard.backend.engine.evidence import JOB_CAUSES
-from trainguard.backend.engine.hooks import HookResult
 from trainguard.backend.engine.policy import next_level
+from trainguard.backend.hooks import HookResult
+from trainguard.backend.incidents import reads
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.incidents.reads import NOTHING_HERE
 from trainguard.backend.models import Incident, Job, Node
@@ -38,17 +40,13 @@ def self_recovered(d: Decider, session: Session, now: float) -> None:
     """Incidents still waiting for their cooldown, or held for the launcher's last
     restart, whose job restarted by itself (NVRx's Wrapper, its launcher) and made a
     step: resolved, nothing is sent."""
-    rows = session.scalars(
-        select(Incident)
-        .where(
-            Incident.status.in_(("open", "pending")),
-            Incident.acted_at.is_(None),
-            Incident.cause.in_(JOB_CAUSES),
-            Incident.created_at >= now - LOOKBACK_S,
-        )
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
+    rows = reads.locked(
+        session,
+        Incident.status.in_(("open", "pending")),
+        Incident.acted_at.is_(None),
+        Incident.cause.in_(JOB_CAUSES),
+        Incident.created_at >= now - LOOKBACK_S,
+    )
     for inc in rows:
         if inc.status == "pending" and not budget_held(inc):
             continue  # a dry-run recommendation, or the breaker's: an operator answers it
@@ -62,21 +60,14 @@ def budget_held(inc: Incident) -> bool:
 
 def due_incidents(d: Decider, session: Session, now: float) -> None:
     """Open incidents not acted on yet whose time has come: cooldown over, or approved."""
-    rows = session.scalars(
-        select(Incident)
-        .where(
-            Incident.status == "open",
-            Incident.acted_at.is_(None),
-            Incident.not_before.is_not(None),
-            Incident.not_before <= now,
-        )
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
-    for inc in rows:
-        job = session.get(Job, inc.job_id)
-        if job is None:
-            continue
+    rows = reads.locked_with_jobs(
+        session,
+        Incident.status == "open",
+        Incident.acted_at.is_(None),
+        Incident.not_before.is_not(None),
+        Incident.not_before <= now,
+    )
+    for inc, job in rows:
         last = inc.decisions[-1] if inc.decisions else None
         if last is not None and last.get("mode") == "approval":
             d.act(session, inc, job, inc.level, last.get("why", ""), last["by"], "approved")
@@ -90,22 +81,15 @@ def failed_incidents(d: Decider, session: Session, now: float) -> None:
     (`_wait_for_relaunch`)."""
     if not d.policy.model.escalation.on_failed:
         return
-    rows = session.scalars(
-        select(Incident)
-        .where(
-            Incident.status == "failed",
-            Incident.trigger == "auto",
-            Incident.closed_at >= now - LOOKBACK_S,
-        )
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
-    for inc in rows:
+    rows = reads.locked_with_jobs(
+        session,
+        Incident.status == "failed",
+        Incident.trigger == "auto",
+        Incident.closed_at >= now - LOOKBACK_S,
+    )
+    for inc, job in rows:
         failed = q.failed_acks(session, inc)
         if not failed or inc.level == "stop_job":
-            continue
-        job = session.get(Job, inc.job_id)
-        if job is None:
             continue
         if _resumed_anyway(d, session, inc, now):
             continue
@@ -116,20 +100,16 @@ def failed_incidents(d: Decider, session: Session, now: float) -> None:
 def relaunch_waits(d: Decider, session: Session, now: float) -> None:
     """Incidents that waited for the launcher's new generation and saw no step of it in
     time climb one level, as their failure would have at once."""
-    rows = session.scalars(
-        select(Incident)
-        .where(
-            Incident.status == "open",
-            Incident.trigger == "auto",
-            Incident.acted_at.is_not(None),
-            Incident.acted_at >= now - LOOKBACK_S,
-            Incident.resumed_at.is_(None),
-            Incident.not_before.is_not(None),
-            Incident.not_before <= now,
-        )
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
+    rows = reads.locked(
+        session,
+        Incident.status == "open",
+        Incident.trigger == "auto",
+        Incident.acted_at.is_not(None),
+        Incident.acted_at >= now - LOOKBACK_S,
+        Incident.resumed_at.is_(None),
+        Incident.not_before.is_not(None),
+        Incident.not_before <= now,
+    )
     for inc in rows:
         failed = q.failed_acks(session, inc)
         job = session.get(Job, inc.job_id)
@@ -154,7 +134,7 @@ def relaunch_waits(d: Decider, session: Session, now: float) -> None:
 def _resumed_anyway(d: Decider, session: Session, inc: Incident, now: float) -> bool:
     """A command acked failed while the job did resume after the action (its launcher or
     NVRx restarted it): the restart worked, the incident is resolved."""
-    first = q.first_step_after(session, inc)
+    first = steps.first_step_after(session, inc)
     if first is None:
         return False
     incidents.resolve(
@@ -219,20 +199,16 @@ def resumed_from_steps(d: Decider, session: Session, now: float) -> None:
     `resumed` (an agent that restarted meanwhile forgot the command, or none acked):
     resolved from the job's steps, RESUME_GRACE_S after the step (PARTIAL_GRACE_S after
     the first node's `resumed` ack, which the others normally follow within a second)."""
-    rows = session.scalars(
-        select(Incident)
-        .where(
-            Incident.status == "open",
-            Incident.acted_at.is_not(None),
-            Incident.acted_at <= now - RESUME_GRACE_S,
-            Incident.acted_at >= now - LOOKBACK_S,
-            or_(Incident.resumed_at.is_(None), Incident.resumed_at <= now - PARTIAL_GRACE_S),
-        )
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
+    rows = reads.locked(
+        session,
+        Incident.status == "open",
+        Incident.acted_at.is_not(None),
+        Incident.acted_at <= now - RESUME_GRACE_S,
+        Incident.acted_at >= now - LOOKBACK_S,
+        or_(Incident.resumed_at.is_(None), Incident.resumed_at <= now - PARTIAL_GRACE_S),
+    )
     for inc in rows:
-        first = q.first_step_after(session, inc)
+        first = steps.first_step_after(session, inc)
         if first is None or first.end > now - RESUME_GRACE_S:
             continue
         acked = inc.resumed_at is not None

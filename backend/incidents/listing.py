@@ -16,10 +16,9 @@ from typing import Any, Literal, get_args
 from sqlalchemy import ColumnElement, exists, select
 from sqlalchemy.orm import Session
 
-from trainguard.backend.engine.policy import ACTION_NAMES, ActionName
 from trainguard.backend.incidents.reads import incident_dict
 from trainguard.backend.models import Incident, Job, Node
-from trainguard.backend.models.control import INCIDENT_STATUSES
+from trainguard.backend.models.control import ACTION_NAMES, INCIDENT_STATUSES, ActionName
 
 IncidentStatus = Literal["open", "pending", "resolved", "failed", "rejected", "stopped"]
 assert get_args(IncidentStatus) == INCIDENT_STATUSES

@@ -4,11 +4,13 @@ acks), and how far the commands of its current action got."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
+from trainguard.backend.analytics.service import lost_steps
 from trainguard.backend.errors import NotFound
 from trainguard.backend.models import TIMELINE, Command, CommandAck, Incident, Job, Node
 from trainguard.backend.models.control import IncidentEvidence
@@ -59,7 +61,7 @@ def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
         "status": inc.status,
         "outcome": inc.outcome,
         "fault_step": inc.fault_step,
-        "lost_steps": inc.lost_steps,
+        "lost_steps": lost_steps(session, inc),  # the estimate until the job restarted
         "node": fault_node.name if fault_node is not None else None,
         "gpu_uuid": inc.gpu_uuid,
         "xid": inc.xid,
@@ -102,6 +104,24 @@ def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
             for c, name in cmds
         ],
     }
+
+
+def locked(session: Session, *where: ColumnElement[bool]) -> Sequence[Incident]:
+    """The incidents matching `where`, locked for this transaction (FOR UPDATE) and read
+    afresh: the engine's sweeps change them, one leader at a time."""
+    return session.scalars(
+        select(Incident).where(*where).with_for_update().execution_options(populate_existing=True)
+    ).all()
+
+
+def locked_with_jobs(session: Session, *where: ColumnElement[bool]) -> list[tuple[Incident, Job]]:
+    """`locked`, each with its job (an incident whose job is gone is left out)."""
+    out = []
+    for inc in locked(session, *where):
+        job = session.get(Job, inc.job_id)
+        if job is not None:
+            out.append((inc, job))
+    return out
 
 
 def terminal_acks(session: Session, inc: Incident) -> dict[str, str | None]:

@@ -1,5 +1,7 @@
-"""The incident routes: reads (the list, a page at a time, and one incident) and the
-operator's answer to a dry-run recommendation (approve / reject, audited with the reason)."""
+"""The incident routes: reads (the list, a page at a time, and one incident), the
+operator's answer to a dry-run recommendation (approve / reject, audited with the reason),
+and the incidents an operator opens about a job: a manual restart, a job that does not
+start (under /jobs/{job}, tagged `jobs`)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ from sqlalchemy import event
 from trainguard.backend import errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
 from trainguard.backend.db import SessionDep
-from trainguard.backend.engine.policy import ActionName
-from trainguard.backend.incidents import listing, publish, reads, service
-from trainguard.backend.incidents.schemas import Answer, IncidentOut
+from trainguard.backend.incidents import listing, operators, publish, reads
+from trainguard.backend.incidents.schemas import Answer, Incident, IncidentOut
+from trainguard.backend.jobs import service as jobs
+from trainguard.backend.jobs.schemas import LaunchFailure, RestartRequest
+from trainguard.backend.models.control import ActionName
+from trainguard.backend.names import JobName
 
 router = APIRouter(tags=["incidents"])
 
@@ -112,7 +117,7 @@ def get_incident(incident_id: IncidentId, session: SessionDep, _: ViewerDep) -> 
 def approve(
     incident_id: IncidentId, body: Answer, request: Request, session: SessionDep, who: OperatorDep
 ) -> IncidentOut:
-    inc = service.approve(session, incident_id, who.name, body.reason)
+    inc = operators.approve(session, incident_id, who.name, body.reason)
     publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     _wake_engine(request, session)
     return IncidentOut.model_validate(reads.incident_dict(session, inc))
@@ -128,7 +133,7 @@ def approve(
 def reject(
     incident_id: IncidentId, body: Answer, request: Request, session: SessionDep, who: OperatorDep
 ) -> IncidentOut:
-    inc = service.reject(session, incident_id, who.name, body.reason)
+    inc = operators.reject(session, incident_id, who.name, body.reason)
     publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     return IncidentOut.model_validate(reads.incident_dict(session, inc))
 
@@ -139,3 +144,51 @@ def _wake_engine(request: Request, session: SessionDep) -> None:
     if engine is None:
         return
     event.listen(session, "after_commit", lambda _s: engine.wake(), once=True)
+
+
+@router.post(
+    "/jobs/{job}/restarts",
+    tags=["jobs"],
+    status_code=202,
+    summary="Ask for a restart of a job (operator; audited)",
+    responses=errors.responses(
+        *errors.OPERATOR,
+        404,
+        409,
+        422,
+        _404="unknown job",
+        _409="no live ranks, a level the job cannot carry out, or a launcher restart that "
+        "would use the launcher's last restart without force (code: restart_budget)",
+    ),
+)
+def restart_job(
+    job: JobName, body: RestartRequest, request: Request, session: SessionDep, who: OperatorDep
+) -> Incident:
+    j = jobs.get_job(session, job)
+    incident = operators.manual_restart(
+        session,
+        j,
+        level=body.level,
+        reason=body.reason,
+        actor=who.name,
+        fresh_within_s=request.app.state.settings.node_down_after_s,
+        force=body.force,
+    )
+    publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
+    request.app.state.commands_notifier.notify()
+    return Incident.model_validate(reads.incident_dict(session, incident))
+
+
+@router.post(
+    "/jobs/{job}/launch-failures",
+    tags=["jobs"],
+    status_code=201,
+    summary="Say that a job does not start: its launcher gave up before it trained (operator)",
+    responses=errors.responses(*errors.OPERATOR, 422),
+)
+def launch_failure(
+    job: JobName, body: LaunchFailure, request: Request, session: SessionDep, who: OperatorDep
+) -> Incident:
+    incident = operators.launch_failure(session, job, body.reason, actor=who.name)
+    publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
+    return Incident.model_validate(reads.incident_dict(session, incident))

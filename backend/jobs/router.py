@@ -1,4 +1,4 @@
-"""Jobs: reads, and the operator's manual restart."""
+"""Jobs: reads (the operator's restart of a job is an incident's: incidents/router.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from trainguard.backend import errors
-from trainguard.backend.auth import OperatorDep, ViewerDep
+from trainguard.backend.auth import ViewerDep
 from trainguard.backend.db import SessionDep
-from trainguard.backend.engine.queries import capabilities, launcher_budget
-from trainguard.backend.incidents import publish, reads
-from trainguard.backend.incidents import service as incidents
-from trainguard.backend.incidents.schemas import Incident
 from trainguard.backend.jobs import service
-from trainguard.backend.jobs.schemas import Job, JobDetail, JobSteps, LaunchFailure, RestartRequest
+from trainguard.backend.jobs.schemas import Job, JobDetail, JobSteps
 from trainguard.backend.names import JobName
 
 router = APIRouter(tags=["jobs"])
@@ -41,8 +37,8 @@ def get_job(job: JobName, request: Request, session: SessionDep, _: ViewerDep) -
     out["ranks"] = service.ranks(session, j)
     fresh = request.app.state.settings.node_down_after_s
     since = time.time() - fresh
-    out["capabilities"] = capabilities(session, j.id, since)
-    out.update(launcher_budget(session, j.id, since))
+    out["capabilities"] = service.capabilities(session, j.id, since)
+    out.update(service.launcher_budget(session, j.id, since))
     return JobDetail.model_validate(out)
 
 
@@ -61,49 +57,3 @@ def job_steps(
 ) -> JobSteps:
     steps = service.steps(session, service.get_job(session, job), since, rank, limit)
     return JobSteps.model_validate(steps)
-
-
-@router.post(
-    "/jobs/{job}/restarts",
-    status_code=202,
-    summary="Ask for a restart of a job (operator; audited)",
-    responses=errors.responses(
-        *errors.OPERATOR,
-        404,
-        409,
-        422,
-        _404="unknown job",
-        _409="no live ranks, a level the job cannot carry out, or a launcher restart that "
-        "would use the launcher's last restart without force (code: restart_budget)",
-    ),
-)
-def restart_job(
-    job: JobName, body: RestartRequest, request: Request, session: SessionDep, who: OperatorDep
-) -> Incident:
-    j = service.get_job(session, job)
-    incident = incidents.manual_restart(
-        session,
-        j,
-        level=body.level,
-        reason=body.reason,
-        actor=who.name,
-        fresh_within_s=request.app.state.settings.node_down_after_s,
-        force=body.force,
-    )
-    publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
-    request.app.state.commands_notifier.notify()
-    return Incident.model_validate(reads.incident_dict(session, incident))
-
-
-@router.post(
-    "/jobs/{job}/launch-failures",
-    status_code=201,
-    summary="Say that a job does not start: its launcher gave up before it trained (operator)",
-    responses=errors.responses(*errors.OPERATOR, 422),
-)
-def launch_failure(
-    job: JobName, body: LaunchFailure, request: Request, session: SessionDep, who: OperatorDep
-) -> Incident:
-    incident = incidents.launch_failure(session, job, body.reason, actor=who.name)
-    publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
-    return Incident.model_validate(reads.incident_dict(session, incident))

@@ -1,4 +1,4 @@
-"""What the jobs routes take and answer (jobs.service, engine.queries.capabilities)."""
+"""What the jobs routes take and answer (jobs.service)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class Capabilities(BaseModel):
 class JobDetail(Job):
     ranks: list[Rank]
     capabilities: Capabilities
-    # The launcher's restart budget, from the live ranks (engine.queries.launcher_budget):
+    # The launcher's restart budget, from the live ranks (jobs.service.launcher_budget):
     # its --max-restarts, the restarts used, and what is left (None: not declared).
     # Faults and operator restarts at level launcher share it.
     max_restarts: int | None = Field(

@@ -12,19 +12,27 @@ from trainguard.backend.errors import NotFound
 from trainguard.backend.models import JOB_ENDED, Incident, Job, Node, Rank, Step
 
 
-def set_job_state(job: Job, state: str, now: float, reason: str = "") -> None:
+def set_job_state(
+    job: Job, state: str, now: float, reason: str = "", ended: float | None = None
+) -> None:
     """The job's state (JOB_STATES) with its reason; an ended state ends the job's
-    accounting (`ended_at`), any other but `stopped` reopens it."""
-    if job.state == state and job.state_reason == reason:
-        return
-    if job.state != state:
+    accounting (`ended_at`), any other but `stopped` reopens it. `ended`: when the job
+    ended, where its ranks say (a `stopped` job ends only so: given up on, its ranks may
+    still be training); it replaces the end only of a job that changes state or had none.
+    The one place a job's state is written."""
+    new_state = job.state != state
+    if not new_state and job.state_reason == reason[:2000] and (ended is None or job.ended_at):
+        return  # nothing changes (the sweep sets every job's state on every pass)
+    if new_state:
         job.state_since = now
     job.state = state
     job.state_reason = reason[:2000]
     if state in JOB_ENDED:
         job.ended_at = job.ended_at or now
-    elif state != "stopped":  # given up on, but its ranks may still be training
+    elif state != "stopped":
         job.ended_at = None
+    if ended is not None and (new_state or job.ended_at is None):
+        job.ended_at = ended
 
 
 def get_or_create_job(session: Session, name: str, now: float) -> Job:
@@ -135,3 +143,47 @@ def steps(
         for out, v in zip(lists, row, strict=True):
             out.append(v)
     return {"job": job.name, "columns": columns}
+
+
+def capabilities(session: Session, job_id: int, since: float) -> dict[str, Any]:
+    """What the job's live ranks declared: in_process only when every one of them runs
+    under NVRx's Wrapper (a rank that declared nothing, an older SDK, is not counted
+    against it); the launchers they run under."""
+    rows = session.execute(
+        select(Rank.in_process, Rank.launcher).where(
+            Rank.job_id == job_id, Rank.alive.is_(True), Rank.updated_at >= since
+        )
+    ).all()
+    declared = [p for p, _ in rows if p is not None]
+    launchers = sorted({lch for _, lch in rows if lch})
+    in_process = all(declared) if declared else None
+    levels = ["in_process", "launcher"] if in_process is not False else ["launcher"]
+    if launchers == ["none"]:
+        levels = [lv for lv in levels if lv != "launcher"]
+    return {"in_process": in_process, "launchers": launchers, "levels": levels}
+
+
+def launcher_budget(session: Session, job_id: int, since: float) -> dict[str, int | None]:
+    """The launcher's restart budget as the job's live ranks declared it: `max_restarts`
+    (its --max-restarts), `restart_count` (the restarts used) and `restarts_left` (None:
+    no live rank declared both). Each launcher counts its own (several torchruns), so the
+    job has what its tightest launcher has left: the rank with the fewest restarts left."""
+    rows = session.execute(
+        select(Rank.max_restarts, Rank.restart_count).where(
+            Rank.job_id == job_id,
+            Rank.alive.is_(True),
+            Rank.updated_at >= since,
+            Rank.max_restarts.is_not(None),
+            Rank.restart_count.is_not(None),
+        )
+    ).all()
+    tightest: tuple[int, int] | None = None
+    for most, used in rows:
+        if most is None or used is None:
+            continue  # (filtered out by the query; narrows the types)
+        if tightest is None or most - used < tightest[0] - tightest[1]:
+            tightest = (most, used)
+    if tightest is None:
+        return {"max_restarts": None, "restart_count": None, "restarts_left": None}
+    most, used = tightest
+    return {"max_restarts": most, "restart_count": used, "restarts_left": max(0, most - used)}

@@ -3,7 +3,7 @@ the audit log, and the decision engine's durable state."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
@@ -15,6 +15,12 @@ from trainguard.backend.models.base import Base
 # engine gave up on the job and alerted).
 INCIDENT_STATUSES = ("open", "pending", "resolved", "failed", "rejected", "stopped")
 ACTIVE_STATUSES = ("open", "pending")
+# An incident's level: the escalation ladder, cheapest first ...
+LADDER = ("in_process", "launcher", "exclude_node", "stop_job")
+# ... and what a cause may map to in the policy: a rung, a GPU reset (then launcher;
+# exclude_node without a reset hook), or nothing.
+ActionName = Literal["in_process", "launcher", "exclude_node", "stop_job", "reset_gpu", "ignore"]
+ACTION_NAMES = (*LADDER, "reset_gpu", "ignore")
 
 
 class Incident(Base):

@@ -12,8 +12,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from trainguard.backend import audit
 from trainguard.backend.errors import DomainError, NotFound
-from trainguard.backend.models import ApiToken, AuditLog
+from trainguard.backend.models import ApiToken
 
 ROLES = ("agent", "viewer", "operator")
 # What each role may do: an operator also reads; an agent only ingests and takes its
@@ -56,14 +57,13 @@ def create(session: Session, role: str, name: str, node: str | None, actor: str 
         created_by=actor,
     )
     session.add(row)
-    session.add(
-        AuditLog(
-            ts=row.created_at,
-            actor=actor,
-            action="token:create",
-            target=f"token:{row.name}",
-            reason=role,
-        )
+    audit.record(
+        session,
+        ts=row.created_at,
+        actor=actor,
+        action="token:create",
+        target=f"token:{row.name}",
+        reason=role,
     )
     session.flush()
     return Created(id=row.id, token=token, role=role, node=node)
@@ -75,14 +75,13 @@ def revoke(session: Session, token_id: int, actor: str = "cli") -> ApiToken:
         raise NotFound(f"no token with id {token_id}")
     if row.revoked_at is None:
         row.revoked_at = time.time()
-        session.add(
-            AuditLog(
-                ts=row.revoked_at,
-                actor=actor,
-                action="token:revoke",
-                target=f"token:{row.name}",
-                reason="",
-            )
+        audit.record(
+            session,
+            ts=row.revoked_at,
+            actor=actor,
+            action="token:revoke",
+            target=f"token:{row.name}",
+            reason="",
         )
     return row
 

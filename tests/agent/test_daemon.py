@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 
 import trainguard.agent.daemon as daemon
+from trainguard.agent.collectors.nvml import Nvml, NvmlCollector
+from trainguard.agent.collectors.simulated import SimulatedGpus
+from trainguard.agent.collectors.xid_watchers import KmsgWatcher, XidWatcher
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import Agent, AgentSetupError, build_agent, main
-from trainguard.agent.nvml import Nvml, NvmlCollector
-from trainguard.agent.simulated import SimulatedGpus
-from trainguard.agent.xid import KmsgWatcher, XidWatcher
 from trainguard.protocol.wire import Batch, decode_batch
 
 

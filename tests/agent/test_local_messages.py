@@ -17,7 +17,7 @@ from tests.support import wait_for
 from trainguard import sdk
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import Agent, build_agent
-from trainguard.agent.local import LocalServer, RejectLog
+from trainguard.agent.ranks.server import LocalServer, RejectLog
 from trainguard.protocol import messages as m
 
 
@@ -129,7 +129,7 @@ def test_each_message_type_of_a_session_reaches_the_table_and_the_outbox(node: N
 def test_an_unusable_datagram_is_counted_said_once_and_the_server_goes_on(
     node: Node, sender: socket.socket, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="trainguard.agent.local")
+    caplog.set_level(logging.WARNING, logger="trainguard.agent.ranks.server")
     path = node.local.socket_path
     version_2 = hello(os.getppid()).replace(b'"version":1', b'"version":2')
     for data in [b"\x00garbage", b'{"t":"teleport"}', b'{"t":"hello","job":"j"}', version_2]:
@@ -139,7 +139,7 @@ def test_an_unusable_datagram_is_counted_said_once_and_the_server_goes_on(
     rec = wait_for(lambda: node.local.ranks.get(os.getpid()), timeout=10)
     assert rec.job == "job1" and os.getppid() not in node.local.ranks
     assert node.local.rejected == {"malformed": 3, "version": 2}
-    lines = [r.getMessage() for r in caplog.records if r.name == "trainguard.agent.local"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "trainguard.agent.ranks.server"]
     assert len(lines) == 1, lines  # the first rejection is said; the rest wait their turn
     assert "1 datagram(s) rejected (1 malformed)" in lines[0]
 
@@ -162,7 +162,7 @@ def test_a_bad_declaration_is_dropped_and_the_rank_kept(node: Node, sender: sock
 
 
 def test_rejections_are_said_at_most_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="trainguard.agent.local")
+    caplog.set_level(logging.WARNING, logger="trainguard.agent.ranks.server")
     now = [100.0]
     rejects = RejectLog(every=60.0, clock=lambda: now[0])
     malformed, version = m.Rejected("malformed", "not JSON"), m.Rejected("version", "version 2")

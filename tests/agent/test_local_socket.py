@@ -16,7 +16,7 @@ import pytest
 from trainguard import sdk
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import build_agent
-from trainguard.agent.local import LocalServer
+from trainguard.agent.ranks.server import LocalServer
 
 
 @pytest.fixture

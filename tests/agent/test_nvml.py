@@ -6,7 +6,7 @@ import warnings
 import msgspec
 import pytest
 
-from trainguard.agent.nvml import Nvml, NvmlCollector, NvmlUnavailable, pci_key
+from trainguard.agent.collectors.nvml import Nvml, NvmlCollector, NvmlUnavailable, pci_key
 from trainguard.protocol.wire import GpuSample, encode
 
 with warnings.catch_warnings():

@@ -43,9 +43,9 @@ def _the_warning_is_there() -> None:
 @pytest.mark.parametrize(
     "code",
     [
-        "from trainguard.agent import nvml; nvml._import_pynvml()",
-        "from trainguard.agent import storehost; storehost._torch_distributed()",
-        "from trainguard.agent import storehost; storehost._make_agent_store()",
+        "from trainguard.agent.collectors import nvml; nvml._import_pynvml()",
+        "from trainguard.agent.executors import storehost; storehost._torch_distributed()",
+        "from trainguard.agent.executors import storehost; storehost._make_agent_store()",
     ],
     ids=["nvml", "store-client", "wrapper-store"],
 )

@@ -56,7 +56,7 @@ def foreign(modules: list[str], msgspec_own: frozenset[str] = frozenset()) -> li
 
 @pytest.mark.parametrize(
     "name",
-    ["trainguard.agent", "trainguard.agent.local", "trainguard.backend", "httpx", "torch"],
+    ["trainguard.agent", "trainguard.agent.ranks.server", "trainguard.backend", "httpx", "torch"],
 )
 def test_the_rule_refuses_what_the_sdk_must_not_import(name: str) -> None:
     assert foreign(["trainguard.sdk.session", "msgspec.json", "json", name]) == [name]

@@ -5,11 +5,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from trainguard.agent.collectors.simulated import SimulatedGpus
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import build_agent
-from trainguard.agent.local import LocalServer
-from trainguard.agent.outbox import Outbox
-from trainguard.agent.simulated import SimulatedGpus
+from trainguard.agent.ranks.server import LocalServer
+from trainguard.agent.uplink.outbox import Outbox
 from trainguard.protocol.messages import Hello
 from trainguard.protocol.wire import Event, GpuInfo, GpuSample, encode
 

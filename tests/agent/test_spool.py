@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.agent.spool import Spool, SpoolLocked
+from trainguard.agent.uplink.spool import Spool, SpoolLocked
 from trainguard.protocol.wire import Batch, GpuSample, decode_batch, encode
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.agent import storehost
+from trainguard.agent.executors import storehost
 
 
 def _env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:

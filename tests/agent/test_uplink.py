@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from trainguard.agent.config import AgentConfig
-from trainguard.agent.outbox import Outbox
-from trainguard.agent.spool import Spool
-from trainguard.agent.uplink import Uplink, next_slot
+from trainguard.agent.uplink.outbox import Outbox
+from trainguard.agent.uplink.sender import Uplink, next_slot
+from trainguard.agent.uplink.spool import Spool
 from trainguard.protocol.wire import (
     MAX_BODY_BYTES,
     MAX_SAMPLES,
@@ -347,7 +347,7 @@ def test_a_permanent_4xx_drops_that_batch_once_with_the_server_message(tmp_path,
     up, _ = uplink(tmp_path, backend)
     backend.mode = "422"
     up.outbox.put_samples(samples(1))
-    with caplog.at_level(logging.ERROR, logger="trainguard.agent.uplink"):
+    with caplog.at_level(logging.ERROR, logger="trainguard.agent.uplink.sender"):
         up.tick()
     assert len(backend.requests) == 1 and len(up.spool) == 0
     assert up.stats().batches_rejected == 1

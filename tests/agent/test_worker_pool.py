@@ -436,8 +436,8 @@ def test_the_agents_metrics_report_the_pool_and_its_memory(tmp_path: Path) -> No
 
     from trainguard.agent.config import AgentConfig
     from trainguard.agent.daemon import build_agent
-    from trainguard.agent.local import LocalServer
     from trainguard.agent.metrics import AgentExporter
+    from trainguard.agent.ranks.server import LocalServer
 
     cfg = AgentConfig(
         node="node-7",

@@ -5,9 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.agent.nvml import Nvml, NvmlCollector
-from trainguard.agent.outbox import Outbox
-from trainguard.agent.xid import KmsgWatcher, XidDedup, XidRecord, XidWatcher, parse_kmsg_line
+from trainguard.agent.collectors.nvml import Nvml, NvmlCollector
+from trainguard.agent.collectors.xid_watchers import (
+    KmsgWatcher,
+    XidDedup,
+    XidRecord,
+    XidWatcher,
+    parse_kmsg_line,
+)
+from trainguard.agent.uplink.outbox import Outbox
 from trainguard.protocol.xid import XID_CATALOG, describe_xid
 
 with warnings.catch_warnings():

@@ -13,10 +13,9 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from trainguard.backend.engine.policy import ACTION_NAMES
 from trainguard.backend.incidents.listing import Cursor
 from trainguard.backend.models import Incident, Job, Node
-from trainguard.backend.models.control import INCIDENT_STATUSES
+from trainguard.backend.models.control import ACTION_NAMES, INCIDENT_STATUSES
 
 T0 = 1_800_000_000.0
 URL = "/api/v1/incidents"

@@ -23,8 +23,8 @@ from sqlalchemy import create_engine, func, select, text
 from tests.conftest import cli_upgrade, scratch_pg_database
 from tests.support import AUTH, TOKEN, free_port, stop_session, wait_for
 from trainguard.backend.engine.leader import ENGINE_LOCK_KEY
-from trainguard.backend.ingest.workers import listen_backlog
 from trainguard.backend.models import IngestBatch, Sample
+from trainguard.backend.workers import listen_backlog
 from trainguard.protocol import wire
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]

@@ -16,8 +16,8 @@ from tests.support import wait_for
 from trainguard import sdk
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import Agent, build_agent
-from trainguard.agent.local import LocalServer
 from trainguard.agent.metrics import DCGM_FIELDS, AgentExporter
+from trainguard.agent.ranks.server import LocalServer
 
 
 def _ok(request: httpx.Request) -> httpx.Response:

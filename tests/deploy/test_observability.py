@@ -21,8 +21,8 @@ from tests.support import AUTH, TOKEN, wait_for
 from trainguard import sdk
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import build_agent
-from trainguard.agent.local import LocalServer
 from trainguard.agent.metrics import DEFAULT_PORT, AgentExporter
+from trainguard.agent.ranks.server import LocalServer
 from trainguard.backend.alerts.dispatcher import AlertDispatcher
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

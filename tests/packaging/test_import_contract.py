@@ -236,7 +236,7 @@ def test_a_planted_violation_of_each_rule_is_caught_with_its_line() -> None:
             "import os\n\ndef f():\n    from trainguard.backend import db\n",
             ["trainguard.backend.db"],
         ),
-        "agent/uplink.py": ("from ..migrations import env\n", ["trainguard.migrations.env"]),
+        "agent/metrics.py": ("from ..migrations import env\n", ["trainguard.migrations.env"]),
         "agent/sdk/__init__.py": (
             "import json\nimport httpx\nfrom trainguard.protocol import wire\n"
             "from . import _impl\ntry:\n    import torch\nexcept ImportError:\n    torch = None\n",

@@ -166,7 +166,8 @@ class Agent:
         return self
 
     def spooled(self) -> int:
-        """Batches in the spool (an outage's batches never sent share one: agent/uplink.py)."""
+        """Batches in the spool (an outage's batches never sent share one:
+        agent/uplink/sender.py)."""
         return len(list(self.spool.glob("*.batch"))) if self.spool.is_dir() else 0
 
     def spooled_ticks(self) -> int:

@@ -88,8 +88,8 @@ def serve(path: str) -> None:
     import signal
     import threading
 
-    from trainguard.agent.local import LocalServer
-    from trainguard.agent.outbox import Outbox
+    from trainguard.agent.ranks.server import LocalServer
+    from trainguard.agent.uplink.outbox import Outbox
 
     class Host:  # the LocalServer needs an outbox; nothing else of an agent
         config = None
@@ -109,7 +109,7 @@ def serve(path: str) -> None:
 def bench_restart(kind: str, workdir: Path) -> float:
     from tests.restarts.harness import fault_time, launch_demo, launch_plain, recovery_s
     from tests.support import wait_for
-    from trainguard.agent.executor import CommandLoop
+    from trainguard.agent.executors.loop import CommandLoop
     from trainguard.protocol.wire import Command
 
     if kind == "rank0":

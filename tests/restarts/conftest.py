@@ -15,8 +15,8 @@ import pytest
 
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import Agent, build_agent
-from trainguard.agent.local import LocalServer
-from trainguard.agent.outbox import Drained
+from trainguard.agent.ranks.server import LocalServer
+from trainguard.agent.uplink.outbox import Drained
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

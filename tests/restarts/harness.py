@@ -16,8 +16,8 @@ from typing import Any
 
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import Agent, build_agent
-from trainguard.agent.local import LocalServer
-from trainguard.agent.storehost import StoreHost
+from trainguard.agent.executors.storehost import StoreHost
+from trainguard.agent.ranks.server import LocalServer
 from trainguard.backend import demojob
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from tests.support import wait_for
-from trainguard.agent.executor import CommandLoop
+from trainguard.agent.executors.loop import CommandLoop
 from trainguard.protocol.wire import Ack, Command
 
 from .conftest import HERE

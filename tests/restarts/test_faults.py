@@ -7,7 +7,7 @@ import pytest
 
 from tests.support import wait_for
 from trainguard import sdk
-from trainguard.agent import faults
+from trainguard.examples import faults
 
 
 def test_same_seed_gives_the_same_plan() -> None:

@@ -50,6 +50,12 @@ def assert_outcomes(stack: Stack, outcomes: list[Outcome]) -> None:
         assert o.extra_incidents == [], f"{o.line()}; also {o.extra_incidents}"
     # one job, one name, across every restart of the launcher invocation
     assert [j["name"] for j in stack.get("/jobs")] == [stack.job]
+    # one count of lost steps (issue #33, item 5): the incidents' (the steps each one's
+    # recovery redid, as GET /incidents/{id} gives them) add up to goodput's wasted steps
+    lost = {i["id"]: stack.incident(i["id"])["lost_steps"] for i in stack.incidents()}
+    wasted = stack.get(f"/jobs/{stack.job}/goodput")["wasted_steps"]
+    print(f"{stack.cell.id}: incidents' lost steps {lost}, goodput wasted_steps {wasted}")
+    assert sum(n or 0 for n in lost.values()) == wasted, f"incidents {lost}, goodput {wasted}"
     check(stack.db_url)
 
 

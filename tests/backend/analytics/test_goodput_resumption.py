@@ -70,7 +70,7 @@ def build(lag: float, early: float) -> Steps:
 
 def first_end_after_restart(steps: Steps) -> float:
     """`resumed_at` as the engine records it: the end of the first step row of the new
-    iteration to end (engine.queries.recovered_by_itself / first_step_after)."""
+    iteration to end (analytics.repository.recovered_by_itself / first_step_after)."""
     return min(end for _, _, start, end, it in steps if it == 1 and start >= FAULT)
 
 

@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import select, update
 
 from trainguard.backend.analytics import service as analytics_service
-from trainguard.backend.commands import service as commands_service
 from trainguard.backend.engine.engine import DecisionEngine
 from trainguard.backend.engine.leader import SingleProcessLeadership
 from trainguard.backend.engine.policy import load_policy
-from trainguard.backend.incidents import service as incidents_service
+from trainguard.backend.incidents import acks as incidents_acks
+from trainguard.backend.incidents import operators as incidents_operators
 from trainguard.backend.ingest import router as ingest_router
 from trainguard.backend.models import Command, Incident, Node, Rank
 from trainguard.protocol import wire
@@ -150,7 +150,12 @@ def make_cluster(
         path = tmp_path / f"policy-{len(engines)}.toml"
         path.write_text(policy)
         clock = Clock()
-        for module in (ingest_router, commands_service, incidents_service, analytics_service):
+        for module in (
+            ingest_router,
+            incidents_acks,
+            incidents_operators,
+            analytics_service,
+        ):
             monkeypatch.setattr(module, "time", _ClockTime(clock))
         engine = DecisionEngine(
             client.app.state.sessions,

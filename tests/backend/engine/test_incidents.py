@@ -119,6 +119,12 @@ def test_timeline_trigger_and_lost_steps(make_cluster: Any) -> None:
 
 def test_resumed_is_derived_from_steps_when_the_ack_is_missing(make_cluster: Any) -> None:
     c = make_cluster()
+    t = c.clock.t
+    earlier = [
+        wire.StepReport(job="job", rank=0, step=n, start=t - 48 + n, end=t - 47 + n)
+        for n in range(47)
+    ]
+    c.post("n1", steps=earlier)
     c.job("job", {"n1": (0,)}, step=47)
     c.event("n1", "exception", job="job", rank=0, data={"step": 47})
     c.decide()

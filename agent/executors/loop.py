@@ -31,8 +31,8 @@ command's attempt/iteration) acks that restart the same way and restarts nothing
 A phase that does not happen within its timeout is acked `failed` with what was missing.
 
 The loop and the phases both levels share are here; the in_process level is
-agent/executor_in_process.py, the launcher level (and following a launcher's own restart)
-agent/executor_launcher.py.
+agent/executors/in_process.py, the launcher level (and following a launcher's own restart)
+agent/executors/launcher.py.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from trainguard.agent.executor_in_process import InProcessRestart
-from trainguard.agent.local import LocalServer
+from trainguard.agent.executors.in_process import InProcessRestart
+from trainguard.agent.ranks.server import LocalServer
 from trainguard.protocol.wire import Ack, Command, Phase
 
 log = logging.getLogger(__name__)

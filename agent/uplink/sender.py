@@ -31,8 +31,8 @@ import httpx
 import msgspec
 
 from trainguard.agent.config import AgentConfig
-from trainguard.agent.outbox import Drained, Outbox
-from trainguard.agent.spool import Spool, SpoolEntry
+from trainguard.agent.uplink.outbox import Drained, Outbox
+from trainguard.agent.uplink.spool import Spool, SpoolEntry
 from trainguard.protocol.wire import (
     JSON_TYPE,
     MAX_BODY_BYTES,

@@ -1,4 +1,4 @@
-"""The launcher restart of the command executor (CommandLoop, agent/executor.py): SIGTERM
+"""The launcher restart of the command executor (CommandLoop, agent/executors/loop.py): SIGTERM
 to the job's worker processes on this node (never their launcher), SIGKILL after
 `grace_s`, then the launcher's new workers; and following a restart the launcher does by
 itself (ft_launcher restarting its worker group after a rank death), which both restart
@@ -14,8 +14,8 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from trainguard.agent.liveness import launcher_pid, running
-from trainguard.agent.local import LocalServer, proc_info
+from trainguard.agent.ranks.liveness import launcher_pid, running
+from trainguard.agent.ranks.server import LocalServer, proc_info
 from trainguard.protocol.wire import Command, Phase
 
 
@@ -29,7 +29,7 @@ class LauncherRestart:
     relaunch_grace_s: float
     stop_timeout_s: float
 
-    if TYPE_CHECKING:  # CommandLoop's (agent/executor.py), shared by both levels
+    if TYPE_CHECKING:  # CommandLoop's (agent/executors/loop.py), shared by both levels
 
         def _ack(self, command_id: str, phase: Phase, ts: float, detail: str = "") -> None: ...
 

@@ -2,8 +2,8 @@
 
 `LocalServer(agent)` is an agent component (start/stop). Every datagram is decoded with
 one decoder into a typed message of trainguard.protocol.messages and dispatched by its
-type to the rank table (trainguard.agent.ranks), which turns it into the rank's state and
-wire records in `agent.outbox`; the liveness watch (trainguard.agent.liveness) reports
+type to the rank table (trainguard.agent.ranks.table), which turns it into the rank's state and
+wire records in `agent.outbox`; the liveness watch (trainguard.agent.ranks.liveness) reports
 ranks that exit, hang or stop heartbeating. A datagram of another protocol version, or a
 malformed one, is counted (`rejected`) and said in a log line at most every
 `reject_log_s` seconds; the server goes on.
@@ -35,8 +35,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainguard.agent.liveness import Liveness, ProcInfo, pid_reused, proc_info
-from trainguard.agent.ranks import RankRecord, RankTable
+from trainguard.agent.ranks.liveness import Liveness, ProcInfo, pid_reused, proc_info
+from trainguard.agent.ranks.table import RankRecord, RankTable
 from trainguard.protocol.messages import (
     MAX_DATAGRAM,
     Hello,

@@ -36,7 +36,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.agent.ranks import RankRecord, RankTable
+from trainguard.agent.ranks.table import RankRecord, RankTable
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trainguard.agent.nvml import Device, Nvml, pci_key
-from trainguard.agent.outbox import Outbox
+from trainguard.agent.collectors.nvml import Device, Nvml, pci_key
+from trainguard.agent.uplink.outbox import Outbox
 from trainguard.protocol.wire import Event
 from trainguard.protocol.xid import describe_xid
 

@@ -1,15 +1,15 @@
-"""The in-process restart of the command executor (CommandLoop, agent/executor.py): the
+"""The in-process restart of the command executor (CommandLoop, agent/executors/loop.py): the
 restart request goes to the job's ranks through the SDK channel; torn_down = a rank raised
 RestartRequested, restarted = every local rank reported a new Wrapper iteration, resumed =
 every local rank completed a step in that iteration. Ranks that die on the way hand the
-command over to their launcher's restart (agent/executor_launcher.py).
+command over to their launcher's restart (agent/executors/launcher.py).
 """
 
 from __future__ import annotations
 
 import time
 
-from trainguard.agent.executor_launcher import LauncherRestart
+from trainguard.agent.executors.launcher import LauncherRestart
 from trainguard.protocol.wire import Command
 
 

@@ -29,9 +29,9 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainguard.agent.nvml import pci_key
-from trainguard.agent.outbox import Outbox
-from trainguard.agent.xid import xid_event
+from trainguard.agent.collectors.nvml import pci_key
+from trainguard.agent.collectors.xid_watchers import xid_event
+from trainguard.agent.uplink.outbox import Outbox
 from trainguard.protocol.wire import Event, GpuInfo, GpuSample
 from trainguard.protocol.xid import describe_xid
 
