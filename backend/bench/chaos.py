@@ -7,10 +7,12 @@ Every part is a real process talking real HTTP, as in `trainguard demo`: the ser
 and the demo job (backend/demojob.py: one ft_launcher x 2 ranks of examples/train_demo.py
 per node). The job injects its own seeded faults (examples/faults.py: exception, SIGKILL,
 hang, XID 79 through the node's agent), a new run of it (next seed) starts when one ends,
-and the bench kills one node's agent now and then (SIGKILL, seeded node and dead time)
-and starts it again. When the minutes are over the bench waits for the open incidents to
-close, stops the job, the agents and the server, and reports (backend/bench/chaos_report):
-incidents by status and outcome, wrongful actions, recovery p50/p99 per fault kind, the
+and the bench brings faults from outside now and then (backend/bench/chaos_outside.py:
+an agent killed or stopped and started again, the user's SIGTERM of the job's launchers,
+an operator's launcher restarts against a small --max-restarts). When the minutes are
+over the bench waits for the open incidents to close, stops the job, the agents and the
+server, and reports (backend/bench/chaos_report): incidents by status and outcome,
+wrongful actions, false states (chaos_states.py), recovery p50/p99 per fault kind, the
 API against the processes, and the invariants of every incident's timeline.
 
 Every process it starts is stopped on the way out, also on Ctrl-C, SIGTERM or an error.
@@ -37,7 +39,7 @@ from trainguard.backend.bench.chaos_config import (
     ChaosError,
     parse_config,
 )
-from trainguard.backend.bench.chaos_procs import Chaos
+from trainguard.backend.bench.chaos_procs import STOPPED, Chaos, JobRun
 
 __all__ = ["ChaosConfig", "ChaosError", "parse_config", "run"]
 
@@ -47,6 +49,20 @@ _STOPS = (signal.SIGINT, signal.SIGTERM)
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run_row(r: JobRun) -> dict[str, Any]:
+    return {
+        "job": r.job,
+        "fault_seed": r.seed,
+        "max_restarts": r.max_restarts,
+        "started_at": r.started_at,
+        "sigterm_at": r.sigterm_at,
+        "ended_at": r.ended_at,
+        "end": r.end,
+        "exit_codes": r.exit_codes,
+        "goodput_reads": r.goodput_reads,
+    }
 
 
 def run(
@@ -80,11 +96,12 @@ def run(
         except KeyboardInterrupt:
             interrupted = True  # stop at once, and report what was seen
         chaos.stop_at = time.time()
-        if chaos.dead is not None:  # interrupted while an agent was dead: it stays so
-            chaos.deaths.append({**chaos.dead, "back_at": chaos.stop_at})
-            chaos.dead = None
+        chaos.outside.over.set()
+        if chaos.outside.dead is not None:  # interrupted while an agent was dead: it stays so
+            chaos.outside.deaths.append({**chaos.outside.dead, "back_at": chaos.stop_at})
+            chaos.outside.dead = None
         for r in chaos.runs:
-            chaos.end_run(r, "stopped by the bench")
+            chaos.end_run(r, STOPPED)
         chaos.stop_agents()  # each sends what it holds before it exits
         try:
             rows = chaos.collect()
@@ -94,7 +111,7 @@ def run(
             raise
         steps = rows["steps"]
         report = build_report(
-            faults=chaos.rank_faults(steps) + chaos.agent_faults(),
+            faults=chaos.rank_faults(steps) + chaos.outside_faults(),
             incidents=rows["incidents"],
             steps=steps,
             commands=rows["commands"],
@@ -104,6 +121,10 @@ def run(
             start=chaos.start,
             stop=chaos.stop_at,
             down_after_s=cfg.down_after_s,
+            runs=[_run_row(r) for r in chaos.runs],
+            posts=chaos.outside.posts,
+            read_at=rows["read_at"],
+            relaunch_wait_s=chaos.relaunch_wait_s,
         )
         report["incidents"]["read_from"] = rows["incidents_from"]
     finally:
@@ -134,17 +155,12 @@ def run(
             "torch": torch.__version__,
         },
         "agent_exits": chaos.agent_exits,
-        "runs": [
-            {
-                "job": r.job,
-                "fault_seed": r.seed,
-                "started_at": r.started_at,
-                "ended_at": r.ended_at,
-                "end": r.end,
-                "exit_codes": r.exit_codes,
-            }
-            for r in chaos.runs
-        ],
+        "runs": [_run_row(r) for r in chaos.runs],
+        "outside": {
+            "agents_down": chaos.outside.deaths,
+            "user_sigterms": chaos.outside.sigterms,
+            "operator_posts": chaos.outside.posts,
+        },
         **report,
     }
     if out is not None:

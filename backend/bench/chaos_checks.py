@@ -34,7 +34,13 @@ from trainguard.protocol.xid import describe_xid
 SOFT_BUCKETS = frozenset({"RESTART_APP", "IGNORE", "UNKNOWN"})
 ENDED_STATES = frozenset({"finished", "failed", "stopped"})
 JOB_KINDS = ("exception", "sigkill", "hang")
-FAULT_KINDS = (*JOB_KINDS, "xid", "agent_death")
+# The bench's faults from outside the job (chaos_outside.py); the agent kinds stop no rank.
+OUTSIDE_KINDS = ("agent_death", "agent_stop", "user_sigterm", "manual_restart")
+AGENT_KINDS = frozenset({"agent_death", "agent_stop"})
+FAULT_KINDS = (*JOB_KINDS, "xid", *OUTSIDE_KINDS)
+# Faults that must open no incident: an agent's graceful stop (its node reads agent_down)
+# and the user's own SIGTERM of the job (the job ends, stopped; no fault of trainguard's).
+NO_INCIDENT_KINDS = frozenset({"agent_stop", "user_sigterm"})
 # The incident causes a fault kind produces (a rank fault shows as any of the job causes:
 # the faulty rank's own report, its peers' gloo errors, the launcher's view of it).
 _JOB_CAUSES = frozenset({"exception", "hang", "rank_exit", "heartbeat_lost"})
@@ -42,6 +48,9 @@ KIND_CAUSES = {
     **{k: _JOB_CAUSES for k in JOB_KINDS},
     "xid": frozenset({"xid 79", "gpu_lost"}),
     "agent_death": frozenset({"node_down"}),
+    "agent_stop": frozenset({"node_down"}),
+    "user_sigterm": _JOB_CAUSES | {"node_down"},
+    "manual_restart": frozenset({"operator"}),
 }
 
 
@@ -49,20 +58,22 @@ KIND_CAUSES = {
 class Fault:
     """One injected fault: a rank's (from its marker file) or an agent kill (the bench's)."""
 
-    kind: str  # exception | sigkill | hang | xid | agent_death
+    kind: str  # exception | sigkill | hang | xid, or one of OUTSIDE_KINDS
     ts: float
-    job: str | None  # agent_death: the job running when the agent was killed
-    node: str | None
+    job: str | None  # agent_*: the job running when the agent was killed or stopped
+    node: str | None  # None for user_sigterm and manual_restart (every node of the job)
     rank: int | None = None
     step: int | None = None
     index: int | None = None  # the fault's index in its job run's plan
-    down_s: float | None = None  # agent_death: how long the agent was dead
+    down_s: float | None = None  # agent_*: how long the agent was down
     agent_down: bool = False  # a rank fault that fired while its node's agent was dead
 
     @property
     def key(self) -> str:
-        if self.kind == "agent_death":
-            return f"agent_death:{self.node}@{self.ts:.3f}"
+        if self.kind in AGENT_KINDS:
+            return f"{self.kind}:{self.node}@{self.ts:.3f}"
+        if self.index is None:
+            return f"{self.kind}:{self.job}@{self.ts:.3f}"
         return f"{self.job}#{self.index}"
 
 
@@ -438,8 +449,9 @@ def observed_recovery(f: Fault, job_steps: Sequence[Step], until: float) -> floa
 
 
 def next_rank_fault(faults: Sequence[Fault], f: Fault, stop: float) -> float:
-    """When the job's next rank fault fired (an agent death stops no rank), else `stop`."""
-    later = [g.ts for g in faults if g.job == f.job and g.kind != "agent_death" and g.ts > f.ts]
+    """When the job's next fault that stops ranks fired (an agent down stops none), else
+    `stop`."""
+    later = [g.ts for g in faults if g.job == f.job and g.kind not in AGENT_KINDS and g.ts > f.ts]
     return min(later, default=stop)
 
 

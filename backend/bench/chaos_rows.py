@@ -49,6 +49,33 @@ def workers(launcher_pid: int, seen: dict[int, str]) -> list[tuple[int, int, flo
     return sorted(out)
 
 
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (e.decode(errors="replace").partition("=") for e in raw.split(b"\0") if e)
+    return {k: v for k, _, v in pairs}
+
+
+def proc_budget(launcher_pids: list[int], seen: dict[int, str]) -> dict[str, Any] | None:
+    """The launchers' restart budget as their live workers were told it (torch's
+    LocalElasticAgent sets TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_RESTART_COUNT in each
+    worker's environment): the fewest restarts left of any worker, how many workers said
+    so, and the youngest's age; None when no worker lives."""
+    lefts, ages = [], []
+    for launcher in launcher_pids:
+        for _rank, pid, age in workers(launcher, seen):
+            env = _environ(pid)
+            most, used = env.get("TORCHELASTIC_MAX_RESTARTS"), env.get("TORCHELASTIC_RESTART_COUNT")
+            if most is not None and used is not None and most.isdigit() and used.isdigit():
+                lefts.append(int(most) - int(used))
+                ages.append(age)
+    if not lefts:
+        return None
+    return {"restarts_left": min(lefts), "workers": len(lefts), "youngest_s": min(ages)}
+
+
 def read_cordons(conn: Any) -> list[Cordon]:
     """Node cordons from audit_log (action "cordon", target "node:<name>"), the record
     every cordon has today. When node_cordons lands, read it here instead (`at`, the node's

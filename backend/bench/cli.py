@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trainguard.backend.bench.chaos_config import DEFAULT_BENCH_KINDS, DEFAULT_KINDS
 from trainguard.backend.cli import DbUrlOpt, fail
 
 app = typer.Typer(help="Benchmarks (results go to docs/benchmarks.md).", no_args_is_help=True)
@@ -194,23 +195,42 @@ def bench_chaos(
         str, typer.Option(metavar="S", help="seeds the faults and agent deaths")
     ] = "42",
     out: Annotated[Path | None, typer.Option(help="write the JSON report here")] = None,
-    agent_every: Annotated[
-        str, typer.Option(metavar="SECONDS", help="mean time between agent deaths (0: none)")
+    bench_every: Annotated[
+        str,
+        typer.Option(
+            "--bench-every",
+            "--agent-every",
+            metavar="SECONDS",
+            help="mean time between two of the bench's faults from outside the job (0: none)",
+        ),
     ] = "90",
     steps: Annotated[str, typer.Option(metavar="N", help="steps per job run")] = "800",
     faults_per_run: Annotated[str, typer.Option(metavar="N", help="faults per job run")] = "5",
+    kinds: Annotated[
+        str, typer.Option(metavar="KIND:W,...", help="the job's own faults and their weights")
+    ] = DEFAULT_KINDS,
+    bench_kinds: Annotated[
+        str,
+        typer.Option(
+            metavar="KIND:W,...",
+            help="the bench's faults from outside the job: agent_death, agent_stop, "
+            "user_sigterm, manual_restart, with weights ('none': no such fault)",
+        ),
+    ] = DEFAULT_BENCH_KINDS,
     policy: Annotated[
         Path | None, typer.Option(help="a policy TOML for the server (default: its defaults)")
     ] = None,
     workdir: Annotated[Path | None, typer.Option(help="keep the run's files here")] = None,
 ) -> None:
-    """The demo job under mixed seeded faults (exception, SIGKILL, hang, XID 79, agent
-    death) against a real server for M minutes: incidents, wrongful actions, recovery."""
+    """The demo job under mixed seeded faults (exception, SIGKILL, hang, XID 79; agents
+    killed or stopped, the user's SIGTERM, an operator's restarts against a small budget)
+    against a real server for M minutes: incidents, wrongful actions, false states,
+    recovery."""
     from trainguard.backend.bench.chaos import ChaosError, parse_config, run
     from trainguard.backend.bench.chaos_report import table
 
     try:
-        cfg = parse_config(minutes, seed, agent_every, steps, faults_per_run)
+        cfg = parse_config(minutes, seed, bench_every, steps, faults_per_run, kinds, bench_kinds)
         if policy is not None:
             if not policy.is_file():
                 raise ChaosError(f"--policy: no file {policy}")

@@ -134,6 +134,21 @@ class Backend:
         r.raise_for_status()
         return r.json()
 
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """POST `body` as JSON; (status code, the answer's JSON, or its text)."""
+        import httpx
+
+        r = httpx.post(
+            f"{self.url}{path}",
+            json=body,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+        )
+        try:
+            return r.status_code, r.json()
+        except ValueError:
+            return r.status_code, r.text
+
     def incidents(self, job: str) -> list[dict[str, Any]]:
         return sorted(self.get("/api/v1/incidents", job=job, limit=1000), key=lambda i: i["id"])
 
