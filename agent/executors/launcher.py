@@ -15,7 +15,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from trainguard.agent.ranks.liveness import launcher_pid, running
-from trainguard.agent.ranks.server import LocalServer, proc_info
+from trainguard.agent.ranks.server import LocalServer
 from trainguard.protocol.wire import Command, Phase
 
 
@@ -68,7 +68,7 @@ class LauncherRestart:
             if len(fresh) >= expected:
                 return fresh
             if time.monotonic() - since > self.relaunch_grace_s and not any(
-                self._alive(p, 0) for p in parents
+                running(p) for p in parents
             ):
                 return []  # nobody left to start them
             return None
@@ -189,18 +189,11 @@ class LauncherRestart:
         pids = ", ".join(map(str, sorted(targets)))
         self._ack(cmd.id, "torn_down", time.time(), f"ended pid {pids} with SIGTERM")
 
-    @staticmethod
-    def _alive(pid: int, start_ticks: int) -> bool:
-        info = proc_info(pid)
-        if info is None or info.state in ("Z", "X"):
-            return False
-        return not start_ticks or info.start_ticks == start_ticks
-
     def _all_gone(self, victims: dict[int, int]) -> bool:
-        return not any(self._alive(pid, st) for pid, st in victims.items())
+        return not any(running(pid, st) for pid, st in victims.items())
 
     def _signal_all(self, victims: dict[int, int], sig: int) -> None:
         for pid, st in victims.items():
-            if self._alive(pid, st):
+            if running(pid, st):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)

@@ -96,9 +96,13 @@ def launcher_pid(rec: RankRecord) -> int | None:
     return rec.ppid if ok else None
 
 
-def running(pid: int) -> bool:
+def running(pid: int, start_ticks: int = 0) -> bool:
+    """Whether `pid` is a live process (not a zombie), and the one that started at
+    `start_ticks` when that is given (not another on a reused pid)."""
     info = proc_info(pid)
-    return info is not None and info.state not in ("Z", "X")
+    if info is None or info.state in ("Z", "X"):
+        return False
+    return not start_ticks or info.start_ticks == start_ticks
 
 
 def pid_reused(rec: RankRecord, info: ProcInfo) -> bool:
