@@ -18,10 +18,16 @@ A rank ended by a stop signal (SIGTERM, SIGINT, or their shell exit codes 143 an
 that the agent did not send is how a job ends when its user stops it: a signal to its
 launcher (`kill`, Ctrl-C, `scancel`, a deleted pod), which passes it to its workers and
 exits. Under torchrun or ft_launcher its `rank_exit` is held until the launcher (the
-rank's parent) exits too, or for `stop_grace_s`, and then says which: `launcher_exited`
-true (the job was stopped from outside) or false (the launcher lives on and restarts its
-workers). Without such a launcher nothing restarts the rank: `launcher_exited` is true at
-once. An exit the agent caused itself carries `signalled_by`.
+rank's parent) exits too, or starts the job's workers again, or for `stop_grace_s`, and
+then says which: `launcher_exited` true (the job was stopped from outside) or false (the
+launcher lives on and restarts its workers). Without such a launcher nothing restarts the
+rank: `launcher_exited` is true at once. An exit the agent caused itself carries
+`signalled_by`.
+
+An exit whose status the agent could not read (`reaped`: the launcher reaped the zombie
+before the agent's /proc read, and the rank said nothing of its end) is held the same
+way under a respawning launcher: a launcher reaps at once only the workers it ends itself,
+which it does when it is stopped (the launcher then exits) or restarts them (it lives on).
 """
 
 from __future__ import annotations
@@ -195,6 +201,9 @@ class Liveness:
                 rec.exit_code = (status >> 8) & 0xFF
         elif rec.said_exit_code is not None:  # reaped before /proc was read: as it said
             rec.exit_code, told = rec.said_exit_code, ", as the rank said"
+        # Reaped before the agent read /proc, and nothing said: a launcher reaps at once
+        # only the workers it ends itself (its close on a stop signal or a restart).
+        reaped = zombie is None and rec.exit_code is None and not rec.said_bye
         # Clean: exit code 0 and nothing uncaught; with no exit status, the rank's own bye.
         if rec.exit_signal is not None:
             rec.clean_exit = False
@@ -207,7 +216,7 @@ class Liveness:
             if rec.exit_signal is not None
             else f"exit code {rec.exit_code}{told}"
             if rec.exit_code is not None
-            else "exit status unknown"
+            else "exit status unread: its parent reaped it first"
         )
         if rec.uncaught is not None:
             how += f", uncaught {rec.uncaught}"
@@ -222,12 +231,16 @@ class Liveness:
             "last_step": rec.last_step,
             "stop_signal": sig,
             "signalled_by": rec.signalled_by,
+            "reaped": reaped or None,
         }
-        if sig is not None and rec.signalled_by is None:
-            if launcher_pid(rec) is not None:
+        if rec.signalled_by is None:
+            if launcher_pid(rec) is not None and (
+                sig is not None or (reaped and rec.uncaught is None)
+            ):
                 rec.held_exit = (now + self.stop_grace_s, fields)  # check_rank reports it
                 return
-            fields["launcher_exited"] = True  # no launcher: nothing restarts it
+            if sig is not None:
+                fields["launcher_exited"] = True  # no launcher: nothing restarts it
         self.table.event("rank_exit", rec, urgent=True, ts=now, **fields)
 
     def held(self, rec: RankRecord, mono: float, now: float) -> float:
@@ -237,7 +250,7 @@ class Liveness:
         until, fields = rec.held_exit
         launcher = launcher_pid(rec)
         gone = launcher is None or not running(launcher)
-        if not gone and now < until:
+        if not gone and now < until and not self.respawned(rec, launcher):
             return mono + self.check_interval
         rec.held_exit = None
         if gone:
@@ -246,6 +259,15 @@ class Liveness:
             "rank_exit", rec, urgent=True, ts=rec.exited_at, launcher_exited=gone, **fields
         )
         return mono + max(0.0, (rec.exited_at or now) + self.keep_exited_s - now) + _SLACK_S
+
+    def respawned(self, rec: RankRecord, launcher: int | None) -> bool:
+        """The rank's launcher has started its job's workers again since the rank exited:
+        it lives on, so the held exit need not wait out the grace."""
+        since = rec.exited_at or 0.0
+        return any(
+            r.alive and r.job == rec.job and r.ppid == launcher and r.registered_at > since
+            for r in self.table.ranks.values()
+        )
 
     # --- clock checks -------------------------------------------------------------------
 

@@ -129,11 +129,17 @@ def stopped(data: dict[str, Any]) -> str | None:
     agent ended its launcher for stop_job), "outside" (a stop signal, SIGTERM or SIGINT,
     that its launcher got and passed on, then exited: its user's kill, Ctrl-C, scancel, a
     deleted pod), else None. A stop signal whose launcher lives on is a worker killed
-    under a running launcher: that is a fault like any other."""
+    under a running launcher: that is a fault like any other.
+
+    An exit whose status the agent could not read because the launcher reaped it first
+    (`reaped`, with nothing uncaught) and whose launcher then exited reads the same way: a
+    launcher reaps at once only the workers it ends itself, with the same stop signal."""
     by = data.get("signalled_by")
     if isinstance(by, str) and by.startswith("stop_job"):
         return "trainguard"
-    if data.get("stop_signal") not in (None, 0, "") and data.get("launcher_exited") is True:
+    stop = data.get("stop_signal") not in (None, 0, "")
+    unread = data.get("reaped") is True and not data.get("uncaught")
+    if (stop or unread) and data.get("launcher_exited") is True:
         return "outside" if by is None else None
     return None
 

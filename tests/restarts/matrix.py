@@ -190,6 +190,20 @@ class Stack:
         self.procs.append(p)
         return p
 
+    def summary(self) -> str:
+        """The job, its exits and its incidents as the server has them: printed before
+        the logs when a test fails, so a cut output still shows them."""
+        try:
+            job = self.get(f"/jobs/{self.job}")
+            exits = self.get("/events", job=self.job, kind="rank_exit")
+            incs = self.incidents()
+        except (httpx.HTTPError, OSError) as exc:
+            return f"--- summary: the server did not answer ({exc})"
+        lines = [f"--- summary: job {job['state']} ({job.get('state_reason')})"]
+        lines += [f"exit {e['node']} rank {e['rank']}: {e['message']} {e['data']}" for e in exits]
+        lines += [f"incident {i['id']} {i['cause']} {i['status']}: {i['outcome']}" for i in incs]
+        return "\n".join(lines)
+
     def logs(self, tail: int = 4000) -> str:
         return "\n".join(
             f"--- {f.name}\n{f.read_text(errors='replace')[-tail:]}"
@@ -324,6 +338,7 @@ class Stack:
             yield self
             check(self.db_url)
         except BaseException:
+            print(self.summary())
             print(self.logs())
             raise
         finally:

@@ -337,3 +337,22 @@ def test_a_stop_signal_under_a_living_launcher_is_a_fault(make_cluster: Any) -> 
     c.decide()
     (inc,) = c.incidents("job")
     assert (inc["cause"], inc["level"]) == ("rank_exit", "launcher"), inc
+
+
+def test_an_unread_exit_reads_as_its_launcher_says(make_cluster: Any) -> None:
+    """An exit whose status the agent could not read (its launcher reaped it first) is a
+    stop when its launcher exited too, a fault when the launcher lives on, and a fault
+    whatever the launcher did when the rank reported an uncaught exception."""
+    c = make_cluster()
+    c.job("stopped", {"n1": (0, 1)})
+    c.job("lives", {"n2": (0, 1)})
+    c.job("crashed", {"n3": (0, 1)})
+    unread = {"clean": False, "reaped": True}
+    c.event("n1", "rank_exit", job="stopped", rank=1, data={**unread, "launcher_exited": True})
+    c.event("n2", "rank_exit", job="lives", rank=1, data={**unread, "launcher_exited": False})
+    crashed = {**unread, "uncaught": "RuntimeError", "launcher_exited": True}
+    c.event("n3", "rank_exit", job="crashed", rank=1, data=crashed)
+    c.decide()
+    assert c.incidents("stopped") == []
+    assert [i["cause"] for i in c.incidents("lives")] == ["rank_exit"]
+    assert [i["cause"] for i in c.incidents("crashed")] == ["rank_exit"]
