@@ -44,11 +44,12 @@ class LauncherRestart:
         return float(value) if isinstance(value, int | float) else default
 
     def _follow_launcher(self, cmd: Command, known: list[Any], acked: Collection[str] = ()) -> None:
-        """The job's workers here are gone (or going) although the command did not end
-        them: their launcher is restarting the worker group (ft_launcher after a rank
+        """The job's workers here are gone (or going): the command ended them, or their
+        launcher is restarting the worker group by itself (ft_launcher after a rank
         death). Wait for its new workers and ack that restart, with its own times, as
-        this command's; `failed` only when no launcher lives to restart them (after
-        `relaunch_grace_s`) or no new workers come within `restarted_timeout_s`.
+        this command's; `failed` when no launcher lives to restart them (after
+        `relaunch_grace_s`: it gave up, its restart budget spent, or was ended) or no new
+        workers come within `restarted_timeout_s`.
 
         `known`: every record of the job here (alive or exited) when the command came, or
         of the generation that died; `acked`: the phases this command acked already."""
@@ -130,19 +131,11 @@ class LauncherRestart:
             self._ack(cmd.id, "failed", time.time(), "worker processes did not end")
             return
         self._ack(cmd.id, "torn_down", time.time(), f"ended {len(victims)} worker(s)")
-
-        def new_ranks() -> list[Any] | None:
-            fresh = [r for r in local.job_ranks(job) if r.pid not in victims]
-            return fresh if len(fresh) >= len(victims) else None
-
-        fresh = local.wait_until(new_ranks, self.restarted_timeout_s)
-        if fresh is None:
-            self._ack(cmd.id, "failed", time.time(), "the launcher did not start new workers")
-            return
-        self._ack(cmd.id, "restarted", max(r.registered_at for r in fresh))
-        pids = {r.pid for r in fresh}
-
-        self._ack_resumed(cmd, pids)
+        # Its launcher starts them again, or exits instead (its restart budget spent, or
+        # ended meanwhile): that is a failure at once, not after restarted_timeout_s.
+        with local.cond:
+            known = [r for r in local.job_ranks(job, alive_only=False) if r.pid in victims]
+        self._follow_launcher(cmd, known, acked=("torn_down",))
 
     def _stop_job(self, cmd: Command) -> None:
         """stop_job: end the job here as its user would, with SIGTERM to its launcher (it

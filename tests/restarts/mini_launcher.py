@@ -2,7 +2,9 @@
 rank_script.py running and starts a fresh one, with the next restart count, whenever one
 exits. The executor must end workers, never this process. MINI_LAUNCHER_RESTART_DELAY (s)
 holds the new workers back after the old ones are gone (ft_launcher's restart takes
-seconds: rendezvous, imports), so a command can arrive while no worker is alive."""
+seconds: rendezvous, imports), so a command can arrive while no worker is alive.
+MINI_LAUNCHER_MAX_RESTARTS is its restart budget (torchrun's --max-restarts): spent, it
+ends its workers and exits 1 instead of restarting them."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     restarts = 0
     delay = float(os.environ.get("MINI_LAUNCHER_RESTART_DELAY", "0"))
+    budget = int(os.environ.get("MINI_LAUNCHER_MAX_RESTARTS", "1000000"))
     procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def spawn(local_rank: int) -> None:
@@ -56,6 +59,8 @@ def main() -> int:
                     p.terminate()
             for p in procs.values():
                 p.wait()
+            if restarts > budget:
+                return 1  # gave up, like torchrun past --max-restarts
             time.sleep(delay)
             for r in range(nproc):
                 spawn(r)

@@ -208,6 +208,33 @@ def test_ranks_dying_during_an_in_process_restart_follow_the_launcher(
     assert launcher.poll() is None
 
 
+def test_a_launcher_restart_fails_at_once_when_the_launcher_gives_up(
+    make_node, spawn, tmp_path
+) -> None:
+    # Its restart budget spent (here 0), the launcher ends its workers and exits instead
+    # of starting new ones: the command fails within relaunch_grace_s of that, saying so,
+    # not after restarted_timeout_s with no end.
+    node = make_node()
+    launcher = spawn([LAUNCHER, "2"], node.local.socket_path, MINI_LAUNCHER_MAX_RESTARTS="0")
+    wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
+    backend = BackendStandIn()
+    loop = CommandLoop(
+        node.agent,
+        node.local,
+        transport=backend,
+        node="n1",
+        relaunch_grace_s=0.5,
+        restarted_timeout_s=600.0,
+    )
+    t = loop.handle(command("c1", "launcher", grace_s=2.0))
+    assert t is not None
+    t.join(60)
+    assert not t.is_alive()  # done long before restarted_timeout_s
+    assert backend.phases("c1") == ["delivered", "torn_down", "failed"]
+    assert "exited and their launcher is gone" in backend.acks[-1][1].detail
+    assert launcher.wait(10) == 1
+
+
 def test_workers_gone_without_a_launcher_fail_after_the_grace(make_node, spawn, tmp_path) -> None:
     node = make_node()
     ranks = [spawn([RANK], node.local.socket_path, RANK=str(r)) for r in (0, 1)]
