@@ -206,6 +206,7 @@ class DecisionEngine:
         sweep.failed_incidents(self.decider, s, now)
         sweep.resumed_from_steps(self.decider, s, now)
         sweep.relaunch_waits(self.decider, s, now)
+        sweep.unfinished_actions(self.decider, s, now)
         sweep.orphaned_hooks(self.decider, s, now, self._running_hooks)
         lifecycle.agents_back(self.decider, s, now)
         lifecycle.waiting_jobs(self.decider, s, now)

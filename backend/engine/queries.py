@@ -185,3 +185,27 @@ def engine_cordons_since(session: Session, since: float) -> int:
 
 def cluster_size(session: Session) -> int:
     return int(session.scalar(select(func.count()).select_from(Node)) or 0)
+
+
+ACK_ORDER = ("delivered", "torn_down", "restarted", "resumed", "failed")
+
+
+def last_ack(session: Session, inc: Incident) -> tuple[str, str, float] | None:
+    """(node, phase, ts) of the furthest ack of the current action's commands (by phase,
+    then time: an agent may ack two phases within one clock tick)."""
+    stmt = (
+        select(Node.name, CommandAck.phase, CommandAck.ts)
+        .join(Command, CommandAck.command_id == Command.id)
+        .join(Node, Node.id == Command.node_id)
+        .where(Command.incident_id == inc.id)
+    )
+    if inc.acted_at is not None:
+        stmt = stmt.where(Command.issued_at >= inc.acted_at)
+    rows = [(n, p, t) for n, p, t in session.execute(stmt).all() if p in ACK_ORDER]
+    return max(rows, key=lambda r: (ACK_ORDER.index(r[1]), r[2]), default=None)
+
+
+def any_rank_alive(session: Session, job_id: int) -> bool:
+    """Whether a rank of the job is alive as its agent last listed it."""
+    stmt = select(Rank.rank).where(Rank.job_id == job_id, Rank.alive.is_(True)).limit(1)
+    return session.execute(stmt).first() is not None

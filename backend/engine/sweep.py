@@ -7,6 +7,8 @@ announces.
   "no live rank" on a healthy node: that waits for the launcher's new generation first;
 - incidents whose `resumed` ack is missing are resolved by the first completed step of
   the new generation;
+- restarts whose commands stopped short of an end while the job's ranks are all gone
+  fail after `escalation.relaunch_wait_s`;
 - hooks whose result was lost (the leader changed while one ran) are carried on.
 """
 
@@ -34,6 +36,10 @@ PARTIAL_GRACE_S = 10.0
 # The sweep looks at incidents acted on (or failed) this recently; older ones are left as
 # they are (an operator sees them open or failed), so each sweep stays small.
 LOOKBACK_S = 3600.0
+# A restart whose commands stopped short of an end fails after this long with no ack
+# (unfinished_actions): the agent's own wait for new workers (180 s, `restarted_timeout_s`,
+# after which it acks failed) and a minute for its ack to come.
+UNFINISHED_S = 240.0
 
 
 def self_recovered(d: Decider, session: Session, now: float) -> None:
@@ -129,6 +135,46 @@ def relaunch_waits(d: Decider, session: Session, now: float) -> None:
             incidents.wait(session, inc, None)
             continue
         _climb(d, session, inc, job, failed[0], f"; no step of a new generation within {wait:g} s")
+
+
+def unfinished_actions(d: Decider, session: Session, now: float) -> None:
+    """A restart under way whose commands stopped short of an end (their last ack
+    `torn_down` or `restarted`, nothing `failed` or `resumed`: the agent that carried it
+    out was restarted meanwhile and forgot it) while no rank of the job is alive: after
+    UNFINISHED_S (or `escalation.relaunch_wait_s` if longer) with no ack and no step, it
+    failed. Nothing climbs from there (no node said why); the job then ends as its ranks
+    did (lifecycle.job_states)."""
+    wait = max(d.policy.model.escalation.relaunch_wait_s, UNFINISHED_S)
+    rows = reads.locked(
+        session,
+        Incident.status == "open",
+        Incident.acted_at.is_not(None),
+        Incident.acted_at >= now - LOOKBACK_S,
+        Incident.acted_at <= now - wait,
+        Incident.resumed_at.is_(None),
+        Incident.level.in_(("in_process", "launcher")),
+        Incident.job_id.is_not(None),
+    )
+    for inc in rows:
+        if inc.not_before is not None and inc.not_before > now:
+            continue  # waiting for the launcher (relaunch_waits' business)
+        last = q.last_ack(session, inc)
+        if last is None or last[1] not in ("torn_down", "restarted") or last[2] > now - wait:
+            continue  # not delivered (an agent away: node_down's), or still moving
+        assert inc.job_id is not None
+        if q.any_rank_alive(session, inc.job_id) or steps.first_step_after(session, inc):
+            continue
+        node, phase, ts = last
+        incidents.fail(
+            session,
+            inc,
+            now,
+            f"the {inc.level} action stopped at {phase} on {node} {now - ts:.0f} s ago and "
+            f"no rank of the job came back (the job's launcher gave up, or its agent "
+            f"restarted and forgot the command)",
+            end_wait=True,
+        )
+        d._count("unfinished_actions")
 
 
 def _resumed_anyway(d: Decider, session: Session, inc: Incident, now: float) -> bool:

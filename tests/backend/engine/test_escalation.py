@@ -356,3 +356,38 @@ def test_an_unread_exit_reads_as_its_launcher_says(make_cluster: Any) -> None:
     assert c.incidents("stopped") == []
     assert [i["cause"] for i in c.incidents("lives")] == ["rank_exit"]
     assert [i["cause"] for i in c.incidents("crashed")] == ["rank_exit"]
+
+
+def test_a_restart_that_stopped_short_of_an_end_fails_once_the_job_is_gone(
+    make_cluster: Any,
+) -> None:
+    """bench chaos (#33, D): a launcher restart acked `torn_down` and nothing after (the
+    agent that carried it out restarted and forgot it; the launcher, its budget spent,
+    started nothing) left its incident open under way and the job `restarting` for good.
+    With no rank of the job alive, it fails 240 s after the last ack (the agent's own
+    wait is 180 s), and the job ends."""
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    c.event("n1", "rank_exit", job="job", rank=1, data={"signal": 9, "clean": False})
+    c.decide()
+    (inc,) = c.incidents("job")
+    (cmd,) = c.commands("n1")
+    assert cmd["action"] == "launcher"
+    c.ack(cmd["id"], "n1", "delivered", "torn_down")
+    gone = [wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False) for r in (0, 1)]
+    c.post("n1", ranks=gone)
+    c.clock.advance(200)
+    c.post("n1", ranks=gone)
+    c.decide()
+    assert c.incidents("job")[0]["status"] == "open"  # the launcher may still restart it
+    assert c.client.get("/api/v1/jobs/job").json()["state"] == "restarting"
+    c.clock.advance(50)
+    c.post("n1", ranks=gone)
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert inc["status"] == "failed", inc
+    assert "stopped at torn_down on n1" in inc["outcome"], inc
+    c.clock.advance(130)
+    c.decide()
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "failed" and job["ended_at"] is not None, job
