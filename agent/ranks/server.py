@@ -129,12 +129,15 @@ class LocalServer:
         agent: Any,
         socket_path: str | None = None,
         reject_log_s: float = 60.0,
+        settle_s: float = 3.0,
         **liveness: float,
     ) -> None:
         """`liveness`: the watch's intervals and thresholds (check_interval, hang_factor,
         hang_min_s, hang_first_step_s, heartbeat_timeout_s, keep_exited_s), with their
-        defaults in `Liveness`."""
+        defaults in `Liveness`. `settle_s`: see rank_statuses."""
         self.agent = agent
+        self.settle_s = settle_s
+        self._listing_from = math.inf
         cfg = getattr(agent, "config", None)
         configured = socket_path or getattr(cfg, "socket_path", None)
         self.socket_path = str(configured) if configured else well_known_socket()
@@ -190,7 +193,8 @@ class LocalServer:
         self._sel.register(sock, selectors.EVENT_READ, None)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self.liveness.selector = self._sel
-        self.agent.outbox.ranks_provider = self.rank_statuses
+        self.agent.outbox.ranks_provider = self.listed_ranks
+        self._listing_from = time.monotonic() + self.settle_s
         self._stop.clear()
         self._next_check = math.inf
         self._thread = threading.Thread(target=self._run, name="tg-local", daemon=True)
@@ -341,6 +345,16 @@ class LocalServer:
         """The rank table (see RankTable.statuses)."""
         with self.cond:
             return self.table.statuses()
+
+    def listed_ranks(self) -> list[RankStatus] | None:
+        """The rank table for the uplink's batches; None (no list) for the first
+        `settle_s` after the server started, while the ranks already running (after an
+        agent restart) register again with their next heartbeat: the backend reads a
+        listed table as all this node has, and a rank absent from it for long as gone
+        (ingest's unlisted ranks)."""
+        if time.monotonic() < self._listing_from:
+            return None
+        return self.rank_statuses()
 
     def job_ranks(self, job: str, alive_only: bool = True) -> list[RankRecord]:
         """The records of a job's ranks (call under `cond` when consistency matters)."""

@@ -41,7 +41,7 @@ class Outbox:
         self._dropped = 0
         self.urgent = threading.Event()
         # Called at drain time for the current rank table (set by the local SDK server).
-        self.ranks_provider: Callable[[], list[RankStatus]] | None = None
+        self.ranks_provider: Callable[[], list[RankStatus] | None] | None = None
 
     def _trim(self, q: deque) -> None:
         while len(q) > self._max:

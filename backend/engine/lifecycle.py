@@ -24,6 +24,8 @@ failed, stopped) and cordoned nodes (readmission).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
@@ -79,40 +81,30 @@ def job_states(d: Decider, session: Session, now: float) -> None:
             continue  # waiting_jobs' business
         # The incident that says most: an action under way, else the newest.
         inc = next((i for i in active if _under_way(i)), active[0] if active else None)
-        ranks = session.execute(
-            select(Rank.rank, Rank.alive, Rank.updated_at).where(Rank.job_id == job.id)
-        ).all()
-        if any(alive for _, alive, _ in ranks) or not ranks:
+        end = _ends(session, job)
+        if end is None:
             if job.state == "stopped" and job.ended_at is None and not _under_way(inc):
                 continue  # given up on while it trains: stays so until it ends or is acted on
             state = "restarting" if _under_way(inc) else "running"
             _set(d, job, state, now, "")
             continue
-        reported = max(t for _, _, t in ranks)
-        exits = _last_exits(session, job.name, reported - LOOKBACK_S)
-        clean = all(r in exits and clean_exit(exits[r][1]) for r, _, _ in ranks)
-        how = {stopped(exits[r][1]) if r in exits else None for r, _, _ in ranks}
-        stop = not clean and all(
-            r in exits and (clean_exit(exits[r][1]) or stopped(exits[r][1])) for r, _, _ in ranks
-        )
-        # Since the last rank exited (agents go on reporting exited ranks for a while, so
-        # the ranks' report time says nothing about when the job ended).
-        last = max((exits[r][0] for r, _, _ in ranks if r in exits), default=reported)
+        clean, stop, last = end.clean, end.stop, end.last
         if (clean or stop) and now - last >= END_GRACE_S and not _under_way(inc):
             # (An exclusion held for an operator stays pending: it is about the node.)
-            ended = max((exits[r][0] for r, _, _ in ranks), default=last)
             if clean:
-                state, why = "finished", "every rank exited 0"
-            elif "trainguard" in how and job.state == "stopped":
+                state, why = "finished", "every rank exited 0" + end.unseen_note()
+            elif "trainguard" in end.how and job.state == "stopped":
                 state, why = "stopped", job.state_reason  # stop_job's, with its acks
             else:
-                state, why = "stopped", OUTSIDE_STOP
-            _set(d, job, state, now, why, ended)
+                state, why = "stopped", OUTSIDE_STOP + end.unseen_note()
+            _set(d, job, state, now, why, end.ended)
             _close_unacted(session, active, now, state, why)
         elif not clean and now - last >= max(wait, END_GRACE_S) and not _under_way(inc):
-            ended = max((ts for ts, _ in exits.values()), default=last)
-            why = "its ranks are gone and its launcher gave up"
-            _set(d, job, "failed", now, why, ended)
+            if end.seen:
+                why = "its ranks are gone and its launcher gave up" + end.unseen_note()
+            else:
+                why = "its ranks ended while their agents could not see them: how is unknown"
+            _set(d, job, "failed", now, why, end.ended)
             _close_unacted(session, active, now, "failed", why)
         elif _under_way(inc):
             _set(d, job, "restarting", now, "")
@@ -192,13 +184,64 @@ def waiting_jobs(d: Decider, session: Session, now: float) -> None:
 
 def _ended_cleanly(session: Session, job: Job) -> bool:
     """No rank of the job is alive and every one's last exit was clean (exit code 0)."""
+    end = _ends(session, job)
+    return end is not None and end.clean
+
+
+@dataclass
+class Ends:
+    """How a job's ranks ended, once none is alive (_ends)."""
+
+    seen: dict[int, tuple[float, dict[str, Any]]]  # rank -> its process's rank_exit (ts, data)
+    unseen: dict[int, float]  # rank -> last listed alive, for ranks whose exit nobody saw
+    clean: bool  # every exit seen was clean (at least one seen)
+    stop: bool  # not clean, and every exit seen was clean or a stop (at least one stop)
+    how: set[str | None]  # evidence.stopped of each exit seen
+    last: float  # the newest exit seen (else the newest report): when the job ended
+
+    @property
+    def ended(self) -> float:
+        return max([self.last, *self.unseen.values()])
+
+    def unseen_note(self) -> str:
+        if not self.unseen:
+            return ""
+        ranks = ", ".join(str(r) for r in sorted(self.unseen))
+        return f"; rank {ranks}: exit unseen (their agent was away), read as the other ranks'"
+
+
+def _ends(session: Session, job: Job) -> Ends | None:
+    """How the job's ranks ended, or None while one is alive (or none is known).
+
+    A rank's exit is its process's last rank_exit (one that names another pid is an
+    earlier generation's). A rank with none ended unseen: its agent was down, or restarted
+    and no longer listed it (ingest's unlisted ranks). Unseen exits are read as the seen
+    ones: in a job whose other ranks all exited 0 it finished, where they were all
+    stopped it was stopped; a job with no exit seen at all ends failed, how unknown."""
     ranks = session.execute(
-        select(Rank.rank, Rank.alive, Rank.updated_at).where(Rank.job_id == job.id)
+        select(Rank.rank, Rank.alive, Rank.updated_at, Rank.pid).where(Rank.job_id == job.id)
     ).all()
-    if not ranks or any(alive for _, alive, _ in ranks):
-        return False
-    exits = _last_exits(session, job.name, max(t for _, _, t in ranks) - LOOKBACK_S)
-    return all(r in exits and clean_exit(exits[r][1]) for r, _, _ in ranks)
+    if not ranks or any(alive for _, alive, _, _ in ranks):
+        return None
+    reported = max(t for _, _, t, _ in ranks)
+    exits = _last_exits(session, job.name, reported - LOOKBACK_S)
+    seen = {
+        r: exits[r]
+        for r, _, _, pid in ranks
+        if r in exits and exits[r][1].get("pid") in (None, pid)
+    }
+    unseen = {r: t for r, _, t, _ in ranks if r not in seen}
+    datas = [data for _, data in seen.values()]
+    clean = bool(datas) and all(clean_exit(d) for d in datas)
+    stop = not clean and bool(datas) and all(clean_exit(d) or stopped(d) for d in datas)
+    return Ends(
+        seen=seen,
+        unseen=unseen,
+        clean=clean,
+        stop=stop,
+        how={stopped(d) for d in datas},
+        last=max((ts for ts, _ in seen.values()), default=reported),
+    )
 
 
 def agents_back(d: Decider, session: Session, now: float) -> None:

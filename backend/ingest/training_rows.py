@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from trainguard.backend.ingest.statements import _Item
 
 
+# A rank its node's agent has not listed for this long is gone (_unlisted_ranks).
+UNLISTED_S = 30.0
+
+
 class TrainingStatements:
     """The training side of BulkStatements (the state it declares is set by IngestWriter)."""
 
@@ -73,7 +77,37 @@ class TrainingStatements:
                 self._job_ids[name] = jid
         return {n: self._job_ids[n] for n in names}
 
+    def _unlisted_ranks(self, conn: Connection, fresh: list[tuple[_Item, int]]) -> None:
+        """A batch with a rank list carries its agent's whole rank table. A rank the
+        database holds alive on that node that its agent has not listed for UNLISTED_S
+        ended while the agent could not see it (the agent was down, or restarted and never
+        heard from it again: a live rank re-registers with its next heartbeat, each
+        second): it is no longer alive. Its exit is unknown (no rank_exit comes), which
+        the engine's job states read as such (lifecycle.job_states)."""
+        listed: dict[int, set[tuple[str, int]]] = {}
+        as_of: dict[int, float] = {}
+        for it, nid in fresh:
+            if it.batch.ranks is None:
+                continue  # not a rank table (an old agent's, or a split batch's other half)
+            listed.setdefault(nid, set()).update((r.job, r.rank) for r in it.batch.ranks)
+            as_of[nid] = max(as_of.get(nid, 0.0), it.received_at - UNLISTED_S)
+        if not listed:
+            return
+        rows = conn.execute(
+            select(Rank.id, Rank.node_id, Rank.rank, Rank.updated_at, Job.name)
+            .join(Job, Job.id == Rank.job_id)
+            .where(Rank.node_id.in_(listed), Rank.alive.is_(True))
+        ).all()
+        gone = [
+            rid
+            for rid, nid, rank, updated, job in rows
+            if updated < as_of[nid] and (job, rank) not in listed[nid]
+        ]
+        if gone:
+            conn.execute(update(Rank).where(Rank.id.in_(gone)).values(alive=False))
+
     def _store_jobs(self, conn: Connection, fresh: list[tuple[_Item, int]]) -> int:
+        self._unlisted_ranks(conn, fresh)
         names = {s.job for it, _ in fresh for s in it.batch.steps}
         names |= {r.job for it, _ in fresh for r in it.batch.ranks or ()}
         if not names:

@@ -268,3 +268,67 @@ def test_a_job_is_finished_although_its_agent_goes_on_reporting_the_exited_ranks
         c.decide()
     job = c.client.get("/api/v1/jobs/job").json()
     assert job["state"] == "finished" and job["ended_at"] == pytest.approx(end)
+
+
+def test_a_job_whose_agent_was_away_at_its_end_ends_as_its_seen_ranks_did(
+    make_cluster: Any,
+) -> None:
+    # bench chaos (#33, A): n2's agent was stopped while the job finished; its ranks'
+    # exits went unseen and the job read `running` for the rest of the run.
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1), "n2": (2, 3)})
+    c.clock.advance(1)
+    end = c.clock.t
+    c.post(
+        "n1",
+        ranks=[wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False) for r in (0, 1)],
+        events=[
+            wire.Event(kind="rank_exit", ts=end, job="job", rank=r, data={"exit_code": 0})
+            for r in (0, 1)
+        ],
+    )
+    _gpu(c, "n2", lost=False)  # a batch with no rank list says nothing of n2's ranks
+    c.clock.advance(20)
+    c.post("n2", ranks=[])  # n2's agent is back, knowing none of them
+    c.decide()
+    assert c.client.get("/api/v1/jobs/job").json()["state"] == "running"  # not yet: 30 s
+    c.clock.advance(15)
+    c.post("n2", ranks=[])
+    c.decide()
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "finished", job
+    assert "rank 2, 3: exit unseen" in job["state_reason"], job
+    assert c.incidents("job") == []
+
+
+def test_a_job_whose_every_exit_went_unseen_fails_saying_how_is_unknown(
+    make_cluster: Any,
+) -> None:
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    c.clock.advance(31)
+    c.post("n1", ranks=[])  # its agent restarted; the ranks ended meanwhile
+    c.decide()
+    assert c.client.get("/api/v1/jobs/job").json()["state"] == "running"  # the launcher's wait
+    c.clock.advance(130)
+    c.post("n1", ranks=[])
+    c.decide()
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "failed" and "how is unknown" in job["state_reason"], job
+
+
+def test_a_rank_that_re_registers_after_its_agent_restarts_stays_alive(
+    make_cluster: Any,
+) -> None:
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    c.clock.advance(31)
+    c.post("n1", ranks=[wire.RankStatus(job="job", rank=0, pid=1000, last_step=10)])
+    c.clock.advance(1)
+    c.post("n1", ranks=[wire.RankStatus(job="job", rank=r, pid=1000 + r) for r in (0, 1)])
+    c.clock.advance(40)
+    c.post("n1", ranks=[wire.RankStatus(job="job", rank=r, pid=1000 + r) for r in (0, 1)])
+    c.decide()
+    job = c.client.get("/api/v1/jobs/job").json()
+    assert job["state"] == "running" and len(job["ranks"]) == 2, job
+    assert all(r["alive"] for r in job["ranks"]), job["ranks"]
