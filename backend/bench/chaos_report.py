@@ -338,6 +338,10 @@ def _false_state_lines(fs: dict[str, Any]) -> list[str]:
         for x in oa["list"][:10]
     ]
     lines.append(
+        f"    held exclusions left as questions about their node, not counted: "
+        f"{len(oa.get('node_questions', []))}"
+    )
+    lines.append(
         f"  goodput that moved after the job's end: {ga['count']} of {ga['jobs_judged']} ended "
         f"jobs read twice" + (f" (not read twice: {ga['unread']})" if ga["unread"] else "")
     )

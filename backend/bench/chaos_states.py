@@ -20,7 +20,10 @@ ranks reported):
    with no `ended_at` while the job trains is "trainguard stopped acting; the launcher
    still restarts it" (docs/engine.md), listed apart, not counted;
 3. `open_after_end`: an incident `open` or `pending` when the report is read, of a job
-   whose launchers all exited (before the bench's stop) at least `grace_s` earlier;
+   whose launchers all exited (before the bench's stop) at least `grace_s` earlier; a
+   held exclusion the engine turned into a question about the node only (its last
+   decision `node_only`: approving it cordons the node and restarts nothing) is listed
+   apart, not counted;
 4. `goodput_after_end`: a job's goodput (GET /jobs/{job}/goodput) that changed between
    two reads some seconds apart after the job ended.
 
@@ -203,8 +206,12 @@ def open_after_end(
         and r["ended_at"] <= stop
         and read_at - r["ended_at"] >= grace_s
     }
-    rows = [
-        {
+    rows: list[dict[str, Any]] = []
+    node_questions: list[dict[str, Any]] = []
+    for i in incidents:
+        if i.get("job") not in ended or i.get("status") not in OPEN_STATUSES:
+            continue
+        row = {
             "incident": i["id"],
             "job": i.get("job"),
             "status": i.get("status"),
@@ -212,10 +219,20 @@ def open_after_end(
             "outcome": str(i.get("outcome") or "")[:200],
             "job_ended_s_before": rounded(read_at - ended[str(i.get("job"))]["ended_at"], 1),
         }
-        for i in incidents
-        if i.get("job") in ended and i.get("status") in OPEN_STATUSES
-    ]
-    return {"jobs_judged": len(ended), "count": len(rows), "list": rows}
+        # A held exclusion whose job ended stays as a question about the node only
+        # (approving it cordons the node, nothing more: engine/lifecycle.py, NODE_ONLY).
+        (node_questions if _node_only(i) else rows).append(row)
+    return {
+        "jobs_judged": len(ended),
+        "count": len(rows),
+        "list": rows,
+        "node_questions": node_questions,
+    }
+
+
+def _node_only(inc: dict[str, Any]) -> bool:
+    decisions = inc.get("decisions") or []
+    return bool(decisions) and decisions[-1].get("mode") == "node_only"
 
 
 GOODPUT_KEYS = ("goodput", "elapsed_s", "productive_s", "until")

@@ -27,7 +27,7 @@ from trainguard.backend.hooks import HookResult
 from trainguard.backend.incidents import acks
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.jobs.service import set_job_state
-from trainguard.backend.models import Gpu, Incident, Job, Node
+from trainguard.backend.models import JOB_ENDED, Gpu, Incident, Job, Node
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,17 @@ class Actions:
         """Commands for the agents of the nodes hosting the job, the excluded nodes left
         out; how many (0: the incident waits for capacity or for a new generation)."""
         now = max(self.clock(), inc.acted_at or 0.0)  # never before the action they carry
+        if job.ended_at is not None and job.state in JOB_ENDED:
+            # An exclusion approved after its job ended (lifecycle's node-only question):
+            # the cordon was the whole of it.
+            cordoned = ", ".join(
+                sorted(n.name for n in (session.get(Node, i) for i in exclude) if n)
+            )
+            done = f"cordoned {cordoned}; " if cordoned else ""
+            incidents.resolve(
+                session, inc, now, f"{done}the job had {job.state}: nothing is restarted"
+            )
+            return 0
         targets = q.job_nodes(session, job.id, now - self.fresh_within_s, exclude)
         if not targets and exclude:
             # The excluded node was the job's last: no schedulable capacity is left. The

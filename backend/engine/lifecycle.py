@@ -15,7 +15,8 @@ failed, stopped) and cordoned nodes (readmission).
 - A `node_down` incident not acted on yet closes when the node's agent reports again.
 - A job that ended (finished, failed) closes its incidents no action was taken on (held
   for an operator, in a cooldown) with that outcome, failed when the job failed: a
-  launcher that gave up leaves nothing to restart. Held exclusions stay (the node's).
+  launcher that gave up leaves nothing to restart. Held exclusions stay, about the node
+  only (NODE_ONLY: approving cordons it and restarts nothing).
 - A node cordoned by the engine is readmitted (policy `[readmission]`) once its agent has
   reported for `readmit_after_s` with every GPU present and no hard XID, and the health
   check hook (if any) exits 0; a node flagged for repair waits for an operator.
@@ -115,16 +116,48 @@ def _close_unacted(
 ) -> None:
     """The job ended (`state`, `why`): its incidents that no action was taken on (held
     for an operator, in a cooldown) have nothing left to restart and close with that
-    outcome, failed when the job failed. An exclusion held for an operator stays pending:
-    it is about the node, not the job."""
+    outcome, failed when the job failed. An exclusion held for an operator stays pending,
+    as a question about the node only (NODE_ONLY): approving it cordons the node and
+    restarts nothing (actions.issue)."""
     outcome = f"the job {state} ({why}) before this was acted on: nothing is left to restart"
     for inc in active:
-        if inc.acted_at is not None or inc.level == "exclude_node":
+        if inc.acted_at is not None:
+            continue
+        if inc.level == "exclude_node" and inc.status == "pending":
+            if not node_only(inc):
+                node = (inc.decisions[-1] if inc.decisions else {}).get("node") or "the node"
+                incidents.hold(
+                    session,
+                    inc,
+                    now,
+                    f"{inc.outcome}; the job {state} meanwhile: approving now cordons "
+                    f"{node} only, nothing is restarted",
+                    {
+                        "at": now,
+                        "level": "exclude_node",
+                        "by": ENGINE_ACTOR,
+                        "mode": NODE_ONLY,
+                        "node": node,
+                        "why": f"the job {state}",
+                        "restart": False,
+                    },
+                )
+            continue
+        if inc.level == "exclude_node":
             continue
         if state == "failed":
             incidents.fail(session, inc, now, outcome, end_wait=True)
         else:
             incidents.resolve(session, inc, now, outcome)
+
+
+# The decision mode of a held exclusion whose job ended: a question about the node only.
+NODE_ONLY = "node_only"
+
+
+def node_only(inc: Incident) -> bool:
+    """A held exclusion whose job ended: approving it cordons the node, nothing more."""
+    return bool(inc.decisions) and inc.decisions[-1].get("mode") == NODE_ONLY
 
 
 def _under_way(inc: Incident | None) -> bool:

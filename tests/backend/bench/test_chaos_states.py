@@ -175,6 +175,10 @@ def test_an_incident_left_open_for_an_ended_job_is_a_false_state() -> None:
     assert open_after_end(runs, pending, T + 599, T + 620, 150)["count"] == 1
     closed = [{**incidents[0], "status": "failed"}, incidents[1]]
     assert open_after_end(runs, closed, T + 599, T + 620, 150)["count"] == 0
+    # A held exclusion the engine turned into a question about the node only: apart.
+    node_only = [{**incidents[0], "status": "pending", "decisions": [{"mode": "node_only"}]}]
+    out = open_after_end(runs, node_only, T + 599, T + 620, 150)
+    assert out["count"] == 0 and [x["incident"] for x in out["node_questions"]] == [1]
 
 
 # --- 4. goodput that moves after the job's end -----------------------------------------

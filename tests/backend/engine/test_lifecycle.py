@@ -242,7 +242,19 @@ def test_a_job_finishes_while_an_exclusion_waits_for_an_operator(make_cluster: A
     c.clock.advance(10)
     c.decide()
     assert c.client.get("/api/v1/jobs/job").json()["state"] == "finished"
-    assert c.incidents("job")[1]["status"] == "pending"  # the node's case waits
+    held = c.incidents("job")[1]
+    assert held["status"] == "pending"  # the node's case waits, about the node only
+    assert held["decisions"][-1]["mode"] == "node_only", held["decisions"]
+    assert "approving now cordons n2 only" in held["outcome"], held
+    # Approved: n2 is cordoned and nothing is sent to the ended job.
+    r = c.client.post(f"/api/v1/incidents/{held['id']}/approve", json={"reason": "bad GPU"})
+    assert r.status_code in (200, 202), r.text
+    c.decide()
+    held = c.incidents("job")[1]
+    assert held["status"] == "resolved", held
+    assert "cordoned n2; the job had finished: nothing is restarted" in held["outcome"], held
+    assert c.client.get("/api/v1/nodes/n2").json()["cordoned"] is True
+    assert c.commands("n1") == [] and c.commands("n3") == []
 
 
 def test_a_job_is_finished_although_its_agent_goes_on_reporting_the_exited_ranks(
