@@ -22,7 +22,7 @@ from trainguard.backend.engine.policy import next_level, rung
 from trainguard.backend.incidents import operators
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.jobs.service import capabilities, launcher_budget
-from trainguard.backend.models import Incident, Job
+from trainguard.backend.models import Incident, Job, Node
 from trainguard.backend.models.control import ACTIVE_STATUSES, LADDER, IncidentEvidence
 
 log = logging.getLogger(__name__)
@@ -240,14 +240,19 @@ class Decider(Actions):
             notes.append("not every live rank runs under NVRx's Wrapper: launcher")
             level = "launcher"
         esc = self.policy.model.escalation
+        culprit = self._culprit_name(session, inc)
         while level in ("in_process", "launcher", "reset_gpu", "exclude_node"):
             counted = "launcher" if level == "reset_gpu" else level
             limit = self.policy.escalate_after(counted)
-            n = q.actions_since(session, job.id, now - esc.window_s, counted)
+            # Exclusions climb when the same node needs one again (it came back and failed
+            # again); independent faults on other nodes are the breaker's business.
+            about = culprit if counted == "exclude_node" else None
+            n = q.actions_since(session, job.id, now - esc.window_s, counted, about)
             if limit is None or n < limit:
                 break
             up = next_level(counted, hardware)
-            notes.append(f"{n} {counted} actions within {esc.window_s:g} s: {up}")
+            of = f" of {about}" if about else ""
+            notes.append(f"{n} {counted} actions{of} within {esc.window_s:g} s: {up}")
             level = up
         if level == "launcher" and "launcher" not in caps["levels"]:
             notes.append("no launcher respawns the job's ranks: stop_job")
@@ -264,6 +269,11 @@ class Decider(Actions):
                 notes.append(f"restart budget spent ({spent} of {budget} in the last hour)")
                 level = "stop_job"
         return level, notes
+
+    def _culprit_name(self, session: Session, inc: Incident) -> str | None:
+        node_id = q.culprit_node(session, inc)
+        node = session.get(Node, node_id) if node_id is not None else None
+        return node.name if node is not None else None
 
     def _ladder_passed(self, session: Session, job: Job, now: float, level: str) -> bool:
         """Whether the escalation ladder has climbed past `level` for this job."""

@@ -99,9 +99,11 @@ def last_checkpoint_step(
     return None
 
 
-def actions_since(session: Session, job_id: int, since: float, level: str | None) -> int:
+def actions_since(
+    session: Session, job_id: int, since: float, level: str | None, node: str | None = None
+) -> int:
     """Automatic (or approved) restart actions taken on a job since `since` (all levels,
-    or one)."""
+    or one; `node`: only those about that node, as an exclusion names it)."""
     rows = session.scalars(
         select(Incident.decisions).where(Incident.job_id == job_id, Incident.acted_at >= since)
     ).all()
@@ -113,6 +115,7 @@ def actions_since(session: Session, job_id: int, since: float, level: str | None
         and d.get("mode") != "manual"  # the ladder and the budget govern automatic actions
         and d.get("at", 0) >= since
         and (level is None or d.get("level") == level)
+        and (node is None or d.get("node") == node)
     )
 
 

@@ -95,6 +95,39 @@ def test_repeated_hardware_faults_climb_to_exclude_the_node(make_cluster: Any) -
     assert node["cordon"]["by"] == "engine" and "xid 48" in node["cordon"]["evidence"].lower()
 
 
+def test_independent_hardware_faults_on_other_nodes_do_not_climb_the_ladder(
+    make_cluster: Any,
+) -> None:
+    """#35: three XID 79s on three nodes of one 8-node job, 20 s apart, became stop_job
+    on the third ("2 exclude_node actions within 1800 s"). Independent faults each exclude
+    their node (the breaker caps how many); the same node excluded again climbs."""
+    c = make_cluster("[breaker]\nmax_fraction = 1.0\nwindow_s = 600\n[limits]\ncooldown_s = 0\n")
+    c.job("job", {f"n{i}": (2 * i, 2 * i + 1) for i in range(8)})
+    for node in ("n1", "n2", "n3"):
+        c.clock.advance(20)
+        c.event(node, "xid", xid=79, gpu_uuid=f"GPU-{node}-0")
+        c.decide()
+        c.recover()
+    incs = c.incidents("job")
+    assert [i["level"] for i in incs] == ["exclude_node"] * 3, [i["decisions"] for i in incs]
+    for node in ("n1", "n2", "n3"):
+        assert c.client.get(f"/api/v1/nodes/{node}").json()["cordoned"] is True
+    # n1 back (an operator readmits it) and failing again, twice: the second time climbs.
+    levels = []
+    for _ in range(2):
+        r = c.client.post("/api/v1/nodes/n1/uncordon", json={"reason": "reseated"})
+        assert r.status_code == 200, r.text
+        c.job("job", {"n1": (2, 3)}, step=20)
+        c.clock.advance(20)
+        c.event("n1", "xid", xid=79, gpu_uuid="GPU-n1-0")
+        c.decide()
+        c.recover()
+        levels.append(c.incidents("job")[-1]["level"])
+    assert levels == ["exclude_node", "stop_job"], levels
+    why = c.incidents("job")[-1]["decisions"][-1]["why"]
+    assert "2 exclude_node actions of n1 within 1800 s: stop_job" in why, why
+
+
 def test_the_ladder_forgets_actions_older_than_the_window(make_cluster: Any) -> None:
     c = make_cluster(LADDER_POLICY)
     c.job("job", {"n1": (0,), "n2": (1,)})
