@@ -29,7 +29,7 @@ from trainguard.protocol import wire
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORKERS = 2
 
 
