@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
-import json
 import os
 import random
 import signal
@@ -38,6 +37,8 @@ import socket
 import sys
 import threading
 from typing import Any, NoReturn
+
+from trainguard.protocol import pool as messages
 
 PR_SET_PDEATHSIG = 1
 GO_TIMEOUT_S = 10.0
@@ -68,8 +69,13 @@ def idle(ctl: socket.socket, pool_pid: int) -> NoReturn:
     if not data or not fds:
         os._exit(0)  # the pool closed us: shutting down
     conn = socket.socket(fileno=fds[0])
-    request = json.loads(data)
-    conn.send(json.dumps({"t": "started", "pid": os.getpid()}).encode())
+    try:
+        request = messages.decode_to_pool(data)
+    except messages.PoolError:
+        os._exit(0)  # the shim's end closes: it runs the script itself
+    if not isinstance(request, messages.Run):
+        os._exit(0)
+    conn.send(messages.encode(messages.Started(pid=os.getpid())))
     conn.settimeout(GO_TIMEOUT_S)
     try:
         go = conn.recv(1024)
@@ -81,24 +87,24 @@ def idle(ctl: socket.socket, pool_pid: int) -> NoReturn:
     adopt(request, fds[1:], conn)
 
 
-def adopt(request: dict[str, Any], fds: list[int], conn: socket.socket) -> NoReturn:
+def adopt(request: messages.Run, fds: list[int], conn: socket.socket) -> NoReturn:
     os.setsid()
     set_pdeathsig(0)
     # the shim's 0, 1, 2 (the ones it had open) replace ours
-    for target, fd in zip(request.get("fds", [0, 1, 2]), fds, strict=False):
+    for target, fd in zip(request.fds, fds, strict=False):
         if fd != target:
             os.dup2(fd, target)
             os.close(fd)
-    env = {str(k): str(v) for k, v in request["env"].items()}
+    env = dict(request.env)
     pool_pythonpath = os.environ.get("PYTHONPATH", "")
     os.environ.clear()
     os.environ.update(env)
     os.environ["TRAINGUARD_WORKER_PID"] = str(os.getpid())
-    os.environ["TRAINGUARD_WORKER_PPID"] = str(int(request.get("ppid") or 0))
+    os.environ["TRAINGUARD_WORKER_PPID"] = str(request.ppid)
     os.environ["TRAINGUARD_WORKER_SHIM_PID"] = str(_peer_pid(conn))
-    _reopen_stdio(env, bool(request.get("unbuffered")))  # `python -u` ran the shim
-    os.chdir(request["cwd"])
-    args = [str(a) for a in request["argv"]]
+    _reopen_stdio(env, request.unbuffered)  # `python -u` ran the shim
+    os.chdir(request.cwd)
+    args = list(request.argv)
     _fix_path(args, pool_pythonpath, env.get("PYTHONPATH", ""))
     _reseed(env)
     for s in range(1, signal.NSIG):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import os
 import selectors
 import signal
@@ -38,6 +37,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from trainguard.protocol import pool as messages
 from trainguard.worker import ignore_pynvml_deprecation
 from trainguard.worker.child import idle, set_pdeathsig
 from trainguard.worker.shim import interpreter
@@ -103,7 +105,7 @@ class Pool:
         self.children: dict[int, Child] = {}
         self.zombies: list[tuple[float, int]] = []
         self.served = self.busy_answers = self.refused = 0
-        self.python = interpreter()
+        self.python = msgspec.convert(interpreter(), messages.Interpreter)
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self._wake_r, self._wake_w = os.pipe()
@@ -188,22 +190,25 @@ class Pool:
         try:
             conn.settimeout(1.0)
             data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 8)
-            msg = json.loads(data) if data else {}
+            try:
+                msg: messages.ToPool | None = messages.decode_to_pool(data)
+            except messages.PoolError:
+                msg = None
             peer_uid = struct.unpack(
                 "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
             )[1]
             if peer_uid != os.getuid():
-                self._answer(conn, {"t": "refused", "why": "belongs to another user"})
+                self._answer(conn, messages.Refused(why="belongs to another user"))
                 self.refused += 1
-            elif msg.get("t") == "stats":
+            elif isinstance(msg, messages.StatsRequest):
                 self._answer(conn, self.stats())
-            elif msg.get("t") != "run":
-                self._answer(conn, {"t": "refused", "why": "got an unknown request"})
-            elif (why := self._incompatible(msg.get("python") or {})) is not None:
-                self._answer(conn, {"t": "refused", "why": why})
+            elif msg is None:
+                self._answer(conn, messages.Refused(why="got an unknown request"))
+            elif (why := self._incompatible(msg.python)) is not None:
+                self._answer(conn, messages.Refused(why=why))
                 self.refused += 1
             elif (child := self._take()) is None:
-                self._answer(conn, {"t": "busy", "why": "is busy (no idle interpreter)"})
+                self._answer(conn, messages.Busy(why="is busy (no idle interpreter)"))
                 self.busy_answers += 1
             else:
                 self._hand(child, data, conn, fds)
@@ -219,18 +224,18 @@ class Pool:
                 conn.close()
 
     @staticmethod
-    def _answer(conn: socket.socket, msg: dict[str, Any]) -> None:
+    def _answer(conn: socket.socket, msg: msgspec.Struct) -> None:
         with contextlib.suppress(OSError):
-            conn.send(json.dumps(msg).encode())
+            conn.send(messages.encode(msg))
 
-    def _incompatible(self, theirs: dict[str, Any]) -> str | None:
+    def _incompatible(self, theirs: messages.Interpreter) -> str | None:
         ours = self.python
-        if theirs.get("prefix") != ours["prefix"] or theirs.get("version") != ours["version"]:
+        if theirs.prefix != ours.prefix or theirs.version != ours.version:
             return (
-                f"runs another Python ({ours['executable']}, prefix {ours['prefix']}; the "
-                f"worker's prefix is {theirs.get('prefix')})"
+                f"runs another Python ({ours.executable}, prefix {ours.prefix}; the "
+                f"worker's prefix is {theirs.prefix})"
             )
-        if theirs.get("flags") != ours["flags"] or theirs.get("hashseed") != ours["hashseed"]:
+        if theirs.flags != ours.flags or theirs.hashseed != ours.hashseed:
             return "runs with other interpreter flags or PYTHONHASHSEED"
         return None
 
@@ -327,9 +332,13 @@ class Pool:
             c.ctl.close()
             c.ctl = None
         if c.conn is not None:
-            key = "signal" if status[0] == "signal" else "code"
+            end = (
+                messages.Exit(pid=pid, signal=status[1])
+                if status[0] == "signal"
+                else messages.Exit(pid=pid, code=status[1])
+            )
             with contextlib.suppress(OSError):
-                c.conn.send(json.dumps({"t": "exit", key: status[1], "pid": pid}).encode())
+                c.conn.send(messages.encode(end))
             c.conn.close()
             c.conn = None
             self.zombies.append((time.monotonic() + REAP_DELAY_S, pid))
@@ -347,19 +356,18 @@ class Pool:
             os.waitpid(pid, os.WNOHANG)
         self.children.pop(pid, None)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> messages.Stats:
         live = [c for c in self.children.values() if c.status is None]
-        return {
-            "t": "stats",
-            "pid": self.pid,
-            "size": self.size,
-            "idle": [c.pid for c in live if c.ctl is not None],
-            "busy": [c.pid for c in live if c.ctl is None],
-            "served": self.served,
-            "busy_answers": self.busy_answers,
-            "refused": self.refused,
-            "preloaded": self.modules,
-        }
+        return messages.Stats(
+            pid=self.pid,
+            size=self.size,
+            idle=[c.pid for c in live if c.ctl is not None],
+            busy=[c.pid for c in live if c.ctl is None],
+            served=self.served,
+            busy_answers=self.busy_answers,
+            refused=self.refused,
+            preloaded=list(self.modules),
+        )
 
     def close(self) -> None:
         """Idle interpreters end (their control socket closes); workers go on running."""

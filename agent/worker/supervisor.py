@@ -13,7 +13,6 @@ agent` report it. Imports the standard library only (the agent has no torch).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -22,6 +21,10 @@ import subprocess
 import sys
 import threading
 from typing import Any
+
+import msgspec
+
+from trainguard.protocol import pool as messages
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +62,9 @@ def query(path: str, timeout: float = 2.0) -> dict[str, Any] | None:
     try:
         s.settimeout(timeout)
         s.connect(path)
-        s.send(b'{"t": "stats"}')
+        s.send(messages.encode(messages.StatsRequest()))
         data = s.recv(1 << 16)
-        msg = json.loads(data) if data else None
-        return msg if isinstance(msg, dict) else None
+        return msgspec.to_builtins(messages.decode_stats(data)) if data else None
     except (OSError, ValueError):
         return None
     finally:

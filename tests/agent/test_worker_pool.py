@@ -19,10 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from tests.support import wait_for
-from trainguard.worker import pool_path_for
+from trainguard.protocol import pool as messages
+from trainguard.worker import pool_path_for, shim
 from trainguard.worker.supervisor import PoolProcess, query
 
 PY = sys.executable
@@ -420,6 +422,35 @@ def test_the_shim_imports_nothing_heavy() -> None:
             "trainguard.worker.shim",
         ]
     )
+
+
+def test_the_shims_plain_json_is_the_protocols_pool_messages() -> None:
+    """The shim writes and reads the pool's messages as plain JSON (no msgspec on its
+    path); they are the protocol's structs, which the pool and its interpreters decode
+    strictly."""
+    request = shim.run_request(["train.py", "--x"], [0, 1, 2])
+    run = messages.decode_to_pool(json.dumps(request).encode())
+    assert isinstance(run, messages.Run) and run.argv == ["train.py", "--x"]
+    assert run.python == msgspec.convert(shim.interpreter(), messages.Interpreter)
+    with pytest.raises(messages.PoolError):
+        messages.decode_to_pool(json.dumps({**shim.run_request(["a"], []), "extra": 1}).encode())
+    # What the shim reads of each answer: "t", then "why", "pid", "signal" or "code".
+    answers = [
+        messages.Refused(why="busy"),
+        messages.Busy(why="busy"),
+        messages.Started(pid=42),
+        messages.Exit(pid=42, signal=15),
+        messages.Exit(pid=42, code=3),
+    ]
+    read = [json.loads(messages.encode(a)) for a in answers]
+    assert [r["t"] for r in read] == ["refused", "busy", "started", "exit", "exit"]
+    assert (read[0]["why"], read[2]["pid"], read[3]["signal"], read[4]["code"]) == (
+        "busy",
+        42,
+        15,
+        3,
+    )
+    assert json.loads(messages.encode(messages.Go())) == {"t": "go"}
 
 
 def _torch_free(sup: PoolProcess) -> PoolProcess:
