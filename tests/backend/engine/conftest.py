@@ -85,6 +85,20 @@ class Cluster:
                 ],
             )
 
+    def exited(self, node: str, job: str, ranks: tuple[int, ...], code: int = 0) -> float:
+        """The ranks' processes on `node` exited with `code` now, as their agent reports it
+        (listed not alive, one rank_exit each); returns when."""
+        end = self.clock.t
+        self.post(
+            node,
+            ranks=[wire.RankStatus(job=job, rank=r, pid=1000 + r, alive=False) for r in ranks],
+            events=[
+                wire.Event(kind="rank_exit", ts=end, job=job, rank=r, data={"exit_code": code})
+                for r in ranks
+            ],
+        )
+        return end
+
     def event(self, node: str, kind: str, ts: float | None = None, **kw: Any) -> None:
         self.post(node, events=[wire.Event(kind=kind, ts=self.clock.t if ts is None else ts, **kw)])
 

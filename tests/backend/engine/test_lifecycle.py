@@ -96,15 +96,7 @@ def test_a_job_whose_ranks_exit_0_is_finished_and_its_goodput_stops_there(
     c.decide()
     assert c.client.get("/api/v1/jobs/job").json()["state"] == "running"
     c.clock.advance(1)
-    end = c.clock.t
-    c.post(
-        "n1",
-        ranks=[wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False) for r in (0, 1)],
-        events=[
-            wire.Event(kind="rank_exit", ts=end, job="job", rank=r, data={"exit_code": 0})
-            for r in (0, 1)
-        ],
-    )
+    end = c.exited("n1", "job", (0, 1))
     c.decide()
     assert c.incidents("job") == []  # normal exits are no fault
     c.clock.advance(10)
@@ -142,15 +134,7 @@ def test_a_job_given_up_on_trains_on_and_ends_when_its_ranks_do(make_cluster: An
     job = c.client.get("/api/v1/jobs/job").json()
     assert job["state"] == "stopped" and job["ended_at"] is None  # goodput runs on
     c.clock.advance(1)
-    end = c.clock.t
-    c.post(
-        "n1",
-        ranks=[wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False) for r in (0, 1)],
-        events=[
-            wire.Event(kind="rank_exit", ts=end, job="job", rank=r, data={"exit_code": 0})
-            for r in (0, 1)
-        ],
-    )
+    end = c.exited("n1", "job", (0, 1))
     c.clock.advance(10)
     c.decide()
     job = c.client.get("/api/v1/jobs/job").json()
@@ -264,16 +248,8 @@ def test_a_job_is_finished_although_its_agent_goes_on_reporting_the_exited_ranks
     # sending the exited ranks' status and the end was taken from its report time.
     c = make_cluster()
     c.job("job", {"n1": (0, 1)})
-    end = c.clock.t
+    end = c.exited("n1", "job", (0, 1))
     gone = [wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False) for r in (0, 1)]
-    c.post(
-        "n1",
-        ranks=gone,
-        events=[
-            wire.Event(kind="rank_exit", ts=end, job="job", rank=r, data={"exit_code": 0})
-            for r in (0, 1)
-        ],
-    )
     for _ in range(4):
         c.clock.advance(2)
         c.post("n1", ranks=gone)  # the agent reports them again, as it does
@@ -290,15 +266,7 @@ def test_a_job_whose_agent_was_away_at_its_end_ends_as_its_seen_ranks_did(
     c = make_cluster()
     c.job("job", {"n1": (0, 1), "n2": (2, 3)})
     c.clock.advance(1)
-    end = c.clock.t
-    c.post(
-        "n1",
-        ranks=[wire.RankStatus(job="job", rank=r, pid=1000 + r, alive=False) for r in (0, 1)],
-        events=[
-            wire.Event(kind="rank_exit", ts=end, job="job", rank=r, data={"exit_code": 0})
-            for r in (0, 1)
-        ],
-    )
+    end = c.exited("n1", "job", (0, 1))
     _gpu(c, "n2", lost=False)  # a batch with no rank list says nothing of n2's ranks
     c.clock.advance(20)
     c.post("n2", ranks=[])  # n2's agent is back, knowing none of them
@@ -310,6 +278,7 @@ def test_a_job_whose_agent_was_away_at_its_end_ends_as_its_seen_ranks_did(
     job = c.client.get("/api/v1/jobs/job").json()
     assert job["state"] == "finished", job
     assert "rank 2, 3: exit unseen" in job["state_reason"], job
+    assert job["ended_at"] == pytest.approx(end)
     assert c.incidents("job") == []
 
 
