@@ -125,7 +125,9 @@ def _close_unacted(
             continue
         if inc.level == "exclude_node" and inc.status == "pending":
             if not node_only(inc):
-                node = (inc.decisions[-1] if inc.decisions else {}).get("node") or "the node"
+                culprit = q.culprit_node(session, inc)
+                row = session.get(Node, culprit) if culprit is not None else None
+                node = row.name if row is not None else "the node"
                 incidents.hold(
                     session,
                     inc,

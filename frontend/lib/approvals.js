@@ -20,9 +20,20 @@ export function budgetHold(incident) {
   return last?.mode === "budget" ? last : null;
 }
 
+/** The decision of a held exclusion whose job ended: a question about the node only
+ * (approving it cordons the node, nothing is restarted), else null. */
+export function nodeQuestion(incident) {
+  if (incident?.status !== "pending") return null;
+  const last = (incident.decisions ?? []).at(-1);
+  return last?.mode === "node_only" ? last : null;
+}
+
 /** Why a pending incident waits, in words: the breaker's or the budget's outcome, or the
  * dry-run mode. */
 export function pendingWhy(incident) {
+  if (nodeQuestion(incident)) {
+    return incident.outcome || `its job ended: approving cordons ${nodeQuestion(incident).node ?? "the node"} only`;
+  }
   const held = breakerHold(incident);
   if (held) {
     return incident.outcome || `the breaker held the exclusion of ${held.node ?? "its node"}`;
@@ -35,12 +46,15 @@ export function pendingWhy(incident) {
 
 export function decide(incident, verdict, signal) {
   const approve = verdict === "approve";
-  const held = breakerHold(incident);
+  const question = nodeQuestion(incident);
+  const held = breakerHold(incident) ?? question;
   const node = held?.node ?? incident.node;
   return confirmDialog({
     title: `${approve ? "Approve" : "Reject"} the ${held ? "held exclusion" : "recommendation"} of incident #${incident.id}?`,
     text: approve
-      ? held
+      ? question
+        ? `The engine will cordon ${node ?? "the node"}. Job ${incident.job} has ended: nothing is restarted.`
+        : held
         ? `The engine will cordon ${node ?? "the node"} and restart job ${incident.job} without it, past the breaker's cap.`
         : budgetHold(incident)
           ? `The engine will carry out "${incident.level}" on job ${incident.job}, using the launcher's last restart: after it, the next worker failure ends the job.`

@@ -10,7 +10,7 @@
 import { apiGet } from "../api.js";
 import { renderGantt } from "../components/gantt.js";
 import { xidLabel } from "../components/events-feed.js";
-import { breakerHold, budgetHold, decisionButtons, pendingWhy } from "../lib/approvals.js";
+import { breakerHold, budgetHold, decisionButtons, nodeQuestion, pendingWhy } from "../lib/approvals.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import { duration, jobStateBadge, timeEl } from "../lib/format.js";
 import { statusTag } from "../lib/incidents.js";
@@ -89,8 +89,22 @@ export function mount(root, ctx) {
       inc.status === "pending"
         ? h(
             "div",
-            { class: `pending-box${held ? " breaker-box" : ""}`, role: "note", dataset: { held: held ? "breaker" : budgetHold(inc) ? "budget" : "dry_run" } },
-            h("strong", {}, held ? "Held by the breaker. " : budgetHold(inc) ? "Held: the launcher's last restart. " : "Awaiting an operator. "),
+            {
+              class: `pending-box${held ? " breaker-box" : ""}`,
+              role: "note",
+              dataset: { held: nodeQuestion(inc) ? "node" : held ? "breaker" : budgetHold(inc) ? "budget" : "dry_run" },
+            },
+            h(
+              "strong",
+              {},
+              nodeQuestion(inc)
+                ? "About the node only: its job ended. "
+                : held
+                  ? "Held by the breaker. "
+                  : budgetHold(inc)
+                    ? "Held: the launcher's last restart. "
+                    : "Awaiting an operator. ",
+            ),
             pendingWhy(inc),
             held
               ? h(

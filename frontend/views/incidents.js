@@ -9,7 +9,7 @@
 import { apiGet, apiGetPage, isMissingRoute } from "../api.js";
 import { emptyState, errorBox, h, replace } from "../lib/dom.js";
 import { duration, timeEl } from "../lib/format.js";
-import { breakerHold, budgetHold, decisionButtons, pendingWhy } from "../lib/approvals.js";
+import { breakerHold, budgetHold, decisionButtons, nodeQuestion, pendingWhy } from "../lib/approvals.js";
 import { reachedPhase, recoveredByItself, statusTag } from "../lib/incidents.js";
 import { table } from "../lib/panels.js";
 
@@ -212,12 +212,17 @@ export function mount(root, ctx) {
                   "li",
                   {
                     class: "incident-item pending-item",
-                    dataset: { incident: String(i.id), held: breakerHold(i) ? "breaker" : budgetHold(i) ? "budget" : "dry_run" },
+                    dataset: {
+                      incident: String(i.id),
+                      held: nodeQuestion(i) ? "node" : breakerHold(i) ? "breaker" : budgetHold(i) ? "budget" : "dry_run",
+                    },
                   },
                   h("a", { href: `#/incidents/${i.id}` }, `#${i.id}`),
-                  breakerHold(i) || budgetHold(i) ? " holds " : " recommends ",
+                  nodeQuestion(i) || breakerHold(i) || budgetHold(i) ? " holds " : " recommends ",
                   h("strong", {}, i.level),
-                  breakerHold(i)?.node ? [" of ", h("a", { href: `#/nodes/${encodeURIComponent(breakerHold(i).node)}` }, breakerHold(i).node)] : null,
+                  (nodeQuestion(i) ?? breakerHold(i))?.node
+                    ? [" of ", h("a", { href: `#/nodes/${encodeURIComponent((nodeQuestion(i) ?? breakerHold(i)).node)}` }, (nodeQuestion(i) ?? breakerHold(i)).node)]
+                    : null,
                   " for ",
                   h("a", { href: `#/jobs/${encodeURIComponent(i.job)}` }, i.job),
                   i.cause ? ` (${i.cause})` : null,
@@ -226,7 +231,9 @@ export function mount(root, ctx) {
                   " ",
                   decisionButtons(i, ctx.signal, load),
                   // Why it waits, when it is not plain dry-run (said above the list).
-                  breakerHold(i)
+                  nodeQuestion(i)
+                    ? h("p", { class: "pending-why node-why" }, h("strong", {}, "About the node only, its job ended: "), pendingWhy(i))
+                    : breakerHold(i)
                     ? h("p", { class: "pending-why breaker-why" }, h("strong", {}, "Held by the breaker: "), pendingWhy(i))
                     : budgetHold(i)
                       ? h("p", { class: "pending-why budget-why" }, h("strong", {}, "Held for the launcher's last restart: "), pendingWhy(i))

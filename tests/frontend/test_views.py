@@ -406,6 +406,57 @@ def test_a_fault_that_would_use_the_launchers_last_restart_waits_for_an_operator
         feed.stop()
 
 
+def test_a_held_exclusion_whose_job_ended_is_a_question_about_its_node(
+    signed_in: Page, cluster: Cluster, screenshot: Screenshot
+) -> None:
+    """#33: an exclusion held for an operator outlives its job as a question about the
+    node only; approved, it cordons the node and restarts nothing."""
+    name, node = "ended-held-job", "ended-held-node-1"
+    feed = budget_job(cluster, name, node)
+    try:
+        cluster.api("ingest", xid_batch(node, 79, time.time(), "GPU has fallen off the bus"))
+        held = cluster.wait(
+            lambda: next(iter(cluster.api(f"incidents?status=pending&job={name}")), None),
+            "the engine held nothing",
+        )
+        assert held["level"] == "exclude_node", held
+    finally:
+        feed.stop()
+    for body in feed.seed.exit_batches(time.time(), exit_code=0):
+        cluster.api("ingest", body)
+    held = cluster.wait(
+        lambda: (
+            (i := cluster.api(f"incidents/{held['id']}"))["decisions"][-1]["mode"] == "node_only"
+            and i
+        ),
+        "the held exclusion never became the node's question",
+    )
+    assert cluster.api(f"jobs/{name}")["state"] == "finished"
+    page = signed_in
+    page.goto(cluster.url + "/#/incidents")
+    item = page.locator(f'.pending-item[data-incident="{held["id"]}"]')
+    expect(item).to_have_attribute("data-held", "node")
+    expect(item).to_contain_text("About the node only, its job ended")
+    expect(item.get_by_role("link", name=node)).to_be_visible()
+    page.goto(f"{cluster.url}/#/incidents/{held['id']}")
+    box = page.locator(".pending-box")
+    expect(box).to_have_attribute("data-held", "node")
+    expect(box).to_contain_text(f"approving now cordons {node} only")
+    page.get_by_role("button", name="Approve…").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text(f"Job {name} has ended: nothing is restarted")
+    screenshot(page, "incident-node-question")
+    page.keyboard.type("the GPU is gone: cordon it")
+    dialog.get_by_role("button", name="Approve").click()
+    expect(page.locator(".pending-box")).to_have_count(0)
+    done = cluster.wait(
+        lambda: (i := cluster.api(f"incidents/{held['id']}"))["status"] == "resolved" and i,
+        "the approved question never resolved",
+    )
+    assert f"cordoned {node}; the job had finished: nothing is restarted" in done["outcome"]
+    assert done["commands"] == [] and cluster.node(node)["cordoned"] is True
+
+
 def test_the_ranks_that_run_without_the_wrapper_are_named_on_the_job_page(
     signed_in: Page, cluster: Cluster
 ) -> None:

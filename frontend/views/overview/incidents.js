@@ -1,6 +1,6 @@
 // The overview's Open incidents panel: the pending incidents (awaiting an operator, or
 // an exclusion held by the breaker) and the open ones, with the phase each has reached.
-import { breakerHold } from "../../lib/approvals.js";
+import { breakerHold, nodeQuestion } from "../../lib/approvals.js";
 import { emptyState, errorBox, h, replace } from "../../lib/dom.js";
 import { timeEl } from "../../lib/format.js";
 import { reachedPhase } from "../../lib/incidents.js";
@@ -26,9 +26,9 @@ function incidentItem(incident) {
           {
             class: "phase pending",
             href: `#/incidents/${incident.id}`,
-            title: breakerHold(incident) ? incident.outcome : null,
+            title: breakerHold(incident) || nodeQuestion(incident) ? incident.outcome : null,
           },
-          breakerHold(incident) ? "held by the breaker" : "awaiting approval",
+          nodeQuestion(incident) ? "a question about its node" : breakerHold(incident) ? "held by the breaker" : "awaiting approval",
         )
       : h("span", { class: "phase" }, reachedPhase(incident)),
   );
