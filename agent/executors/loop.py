@@ -294,6 +294,10 @@ class CommandLoop(InProcessRestart):
 
     def _execute(self, cmd: Command) -> None:
         try:
+            # An agent that just started (restarted while its ranks trained) knows no rank
+            # until they register again with their next heartbeat: a command judged now
+            # would find "no live rank" of a job that trains here.
+            self.local.wait_settled()
             if cmd.action == "in_process":
                 self._in_process(cmd)
             elif cmd.action == "launcher":

@@ -137,7 +137,7 @@ class LocalServer:
         defaults in `Liveness`. `settle_s`: see rank_statuses."""
         self.agent = agent
         self.settle_s = settle_s
-        self._listing_from = math.inf
+        self._listing_from = 0.0  # start() sets it
         cfg = getattr(agent, "config", None)
         configured = socket_path or getattr(cfg, "socket_path", None)
         self.socket_path = str(configured) if configured else well_known_socket()
@@ -345,6 +345,12 @@ class LocalServer:
         """The rank table (see RankTable.statuses)."""
         with self.cond:
             return self.table.statuses()
+
+    def wait_settled(self) -> None:
+        """Return once `settle_s` has passed since the server started: the ranks already
+        running then have registered again (their heartbeat is once a second)."""
+        while (left := self._listing_from - time.monotonic()) > 0 and not self._stop.is_set():
+            self._stop.wait(min(left, 0.5))
 
     def listed_ranks(self) -> list[RankStatus] | None:
         """The rank table for the uplink's batches; None (no list) for the first

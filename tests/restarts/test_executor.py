@@ -12,6 +12,7 @@ from typing import Any
 
 from tests.support import wait_for
 from trainguard.agent.executors.loop import CommandLoop
+from trainguard.agent.ranks.server import LocalServer
 from trainguard.protocol.wire import Ack, Command
 
 from .conftest import HERE
@@ -233,6 +234,33 @@ def test_a_launcher_restart_fails_at_once_when_the_launcher_gives_up(
     assert backend.phases("c1") == ["delivered", "torn_down", "failed"]
     assert "exited and their launcher is gone" in backend.acks[-1][1].detail
     assert launcher.wait(10) == 1
+
+
+def test_a_command_right_after_an_agent_restart_waits_for_its_ranks_to_register(
+    make_node, spawn, tmp_path
+) -> None:
+    # bench chaos (#33): a node's agent restarted while its ranks trained, and the
+    # launcher restart that waited for it was judged at once, before the ranks' next
+    # heartbeat registered them with the new agent: "no live rank", then stop_job of a
+    # job that trained on.
+    node = make_node()
+    spawn([LAUNCHER, "2"], node.local.socket_path)
+    wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
+    node.local.stop()
+    restarted = LocalServer(node.agent, socket_path=str(node.local.socket_path))
+    restarted.start()
+    try:
+        assert restarted.job_ranks("job1") == []  # nothing known yet
+        backend = BackendStandIn()
+        loop = CommandLoop(node.agent, restarted, transport=backend, node="n1")
+        t = loop.handle(command("c1", "launcher", grace_s=2.0))
+        assert t is not None
+        t.join(60)
+        assert backend.phases("c1") == ["delivered", "torn_down", "restarted", "resumed"], [
+            a for c, a in backend.acks if c == "c1"
+        ]
+    finally:
+        restarted.stop()
 
 
 def test_workers_gone_without_a_launcher_fail_after_the_grace(make_node, spawn, tmp_path) -> None:
