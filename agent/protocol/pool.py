@@ -15,7 +15,7 @@ not valid JSON, is not one of the expected messages or breaks a bound is a `Pool
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 from msgspec import Meta, Struct
@@ -95,34 +95,44 @@ ToPool = Run | StatsRequest
 ToShim = Refused | Busy | Started | Exit
 
 _encoder = msgspec.json.Encoder()
-_to_pool = msgspec.json.Decoder(ToPool)
-_to_shim = msgspec.json.Decoder(ToShim)
+_to_pool: msgspec.json.Decoder[ToPool] = msgspec.json.Decoder(ToPool)
+_to_shim: msgspec.json.Decoder[ToShim] = msgspec.json.Decoder(ToShim)
 _go = msgspec.json.Decoder(Go)
 _stats = msgspec.json.Decoder(Stats)
+_ERRORS = (msgspec.DecodeError, msgspec.ValidationError)
 
 
 def encode(msg: Struct) -> bytes:
     return _encoder.encode(msg)
 
 
-def _decode(decoder: msgspec.json.Decoder[Any], data: bytes) -> Any:
+def _error(exc: Exception) -> PoolError:
+    return PoolError(f"not a warm pool message: {exc}")
+
+
+def decode_to_pool(data: bytes) -> ToPool:
     try:
-        return decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise PoolError(f"not a warm pool message: {exc}") from None
+        return _to_pool.decode(data)
+    except _ERRORS as exc:
+        raise _error(exc) from None
 
 
-def decode_to_pool(data: bytes) -> Run | StatsRequest:
-    return _decode(_to_pool, data)  # type: ignore[no-any-return]
-
-
-def decode_to_shim(data: bytes) -> Refused | Busy | Started | Exit:
-    return _decode(_to_shim, data)  # type: ignore[no-any-return]
+def decode_to_shim(data: bytes) -> ToShim:
+    try:
+        return _to_shim.decode(data)
+    except _ERRORS as exc:
+        raise _error(exc) from None
 
 
 def decode_go(data: bytes) -> Go:
-    return _decode(_go, data)  # type: ignore[no-any-return]
+    try:
+        return _go.decode(data)
+    except _ERRORS as exc:
+        raise _error(exc) from None
 
 
 def decode_stats(data: bytes) -> Stats:
-    return _decode(_stats, data)  # type: ignore[no-any-return]
+    try:
+        return _stats.decode(data)
+    except _ERRORS as exc:
+        raise _error(exc) from None

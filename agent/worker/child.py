@@ -81,7 +81,9 @@ def idle(ctl: socket.socket, pool_pid: int) -> NoReturn:
         go = conn.recv(1024)
     except OSError:
         go = b""
-    if not go:  # the shim gave up: it runs the script itself
+    try:
+        messages.decode_go(go)
+    except messages.PoolError:  # closed (b""): the shim gave up and runs the script itself
         os._exit(0)
     conn.settimeout(None)
     adopt(request, fds[1:], conn)

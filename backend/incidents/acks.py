@@ -89,6 +89,13 @@ def record_phase(session: Session, cmd: Command, ack: wire.Ack) -> None:
         if "restarted by itself" not in inc.outcome:
             inc.outcome = "the job restarted by itself before trainguard decided"
         changed(session, inc)
+    elif ack.phase != "delivered" and inc.delivered_at is not None and ack.ts < inc.delivered_at:
+        # Decided, and the launcher's own restart (ft_launcher, torchrun, with the warm
+        # pool in under half a second) came before the command did: the command reports
+        # the launcher's times (already restarted). The delivery did not bring the
+        # restart, so it leaves the timeline (it stays on the command).
+        inc.delivered_at = None
+        changed(session, inc)
     current = getattr(inc, field)
     if (
         current is None

@@ -42,6 +42,7 @@ def test_steps_and_rank_status_reach_the_outbox(make_node, spawn) -> None:
     assert sorted(s.step for s in node.steps) == list(range(20))
     assert {(s.job, s.rank) for s in node.steps} == {("job1", 3)}
     assert node.kinds("rank_start")[0].data["world_size"] == 4
+    node.local.wait_settled()  # the uplink lists ranks once running ones could register
     (status,) = node.agent.outbox.ranks_provider()
     assert (status.rank, status.pid, status.last_step, status.alive) == (3, p.pid, 19, False)
 

@@ -117,6 +117,42 @@ def test_timeline_trigger_and_lost_steps(make_cluster: Any) -> None:
     assert inc["status"] == "resolved" and inc["recovery_s"] == tl["resumed_at"] - t
 
 
+def test_a_launcher_restart_done_before_the_command_arrived_keeps_its_timeline(
+    make_cluster: Any,
+) -> None:
+    """CI (the warm pool under torchrun): the launcher restarted the workers 0.4 s after
+    a SIGKILL, before the engine's command reached the agent 0.5 s after it; the agent
+    reported the launcher's own times ("already restarted"), earlier than its delivery,
+    so none fitted the timeline and the incident resolved with no recovery time."""
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1)})
+    t = c.clock.t
+    c.event("n1", "rank_exit", ts=t, job="job", rank=1, data={"signal": 9, "clean": False})
+    c.decide()
+    (cmd,) = c.incidents("job")[0]["commands"]
+
+    def ack(phase: str, ts: float) -> None:
+        body = {"phase": phase, "ts": ts, "node": "n1", "detail": "already restarted"}
+        r = c.client.post(f"/api/v1/commands/{cmd['id']}/acks", json=body)
+        assert r.status_code == 200, r.text
+
+    ack("delivered", t + 0.52)
+    ack("torn_down", t + 0.43)
+    ack("restarted", t + 0.44)
+    ack("resumed", t + 0.50)
+    inc = c.incidents("job")[0]
+    tl = inc["timeline"]
+    assert inc["status"] == "resolved", inc
+    assert (tl["torn_down_at"], tl["restarted_at"], tl["resumed_at"]) == (
+        t + 0.43,
+        t + 0.44,
+        t + 0.5,
+    )
+    assert tl["delivered_at"] is None  # the delivery did not bring the restart
+    assert inc["recovery_s"] == tl["resumed_at"] - t
+    assert "delivered" in {a["phase"] for a in inc["commands"][0]["acks"]}  # kept there
+
+
 def test_resumed_is_derived_from_steps_when_the_ack_is_missing(make_cluster: Any) -> None:
     c = make_cluster()
     t = c.clock.t
