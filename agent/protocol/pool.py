@@ -15,7 +15,7 @@ not valid JSON, is not one of the expected messages or breaks a bound is a `Pool
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
@@ -24,6 +24,9 @@ from msgspec import Meta, Struct
 Pid = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 Count = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 Why = Annotated[str, Meta(max_length=2000)]
+
+
+T = TypeVar("T")
 
 
 class PoolError(ValueError):
@@ -99,40 +102,30 @@ _to_pool: msgspec.json.Decoder[ToPool] = msgspec.json.Decoder(ToPool)
 _to_shim: msgspec.json.Decoder[ToShim] = msgspec.json.Decoder(ToShim)
 _go = msgspec.json.Decoder(Go)
 _stats = msgspec.json.Decoder(Stats)
-_ERRORS = (msgspec.DecodeError, msgspec.ValidationError)
 
 
 def encode(msg: Struct) -> bytes:
     return _encoder.encode(msg)
 
 
-def _error(exc: Exception) -> PoolError:
-    return PoolError(f"not a warm pool message: {exc}")
+def _decode(decoder: msgspec.json.Decoder[T], data: bytes) -> T:
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise PoolError(f"not a warm pool message: {exc}") from None
 
 
 def decode_to_pool(data: bytes) -> ToPool:
-    try:
-        return _to_pool.decode(data)
-    except _ERRORS as exc:
-        raise _error(exc) from None
+    return _decode(_to_pool, data)
 
 
 def decode_to_shim(data: bytes) -> ToShim:
-    try:
-        return _to_shim.decode(data)
-    except _ERRORS as exc:
-        raise _error(exc) from None
+    return _decode(_to_shim, data)
 
 
 def decode_go(data: bytes) -> Go:
-    try:
-        return _go.decode(data)
-    except _ERRORS as exc:
-        raise _error(exc) from None
+    return _decode(_go, data)
 
 
 def decode_stats(data: bytes) -> Stats:
-    try:
-        return _stats.decode(data)
-    except _ERRORS as exc:
-        raise _error(exc) from None
+    return _decode(_stats, data)
