@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -17,6 +19,7 @@ from trainguard.backend.models import (
     Rank,
 )
 from trainguard.backend.models.control import IncidentEvidence
+from trainguard.protocol.wire import Phase
 from trainguard.protocol.xid import describe_xid
 
 
@@ -190,7 +193,7 @@ def cluster_size(session: Session) -> int:
     return int(session.scalar(select(func.count()).select_from(Node)) or 0)
 
 
-ACK_ORDER = ("delivered", "torn_down", "restarted", "resumed", "failed")
+ACK_ORDER = get_args(Phase)  # the wire's phases, in the order a command goes through them
 
 
 def last_ack(session: Session, inc: Incident) -> tuple[str, str, float] | None:
@@ -204,7 +207,7 @@ def last_ack(session: Session, inc: Incident) -> tuple[str, str, float] | None:
     )
     if inc.acted_at is not None:
         stmt = stmt.where(Command.issued_at >= inc.acted_at)
-    rows = [(n, p, t) for n, p, t in session.execute(stmt).all() if p in ACK_ORDER]
+    rows = [(n, p, t) for n, p, t in session.execute(stmt).all()]
     return max(rows, key=lambda r: (ACK_ORDER.index(r[1]), r[2]), default=None)
 
 
