@@ -123,34 +123,37 @@ def _close_unacted(
     for inc in active:
         if inc.acted_at is not None:
             continue
-        if inc.level == "exclude_node" and inc.status == "pending":
-            if not node_only(inc):
-                culprit = q.culprit_node(session, inc)
-                row = session.get(Node, culprit) if culprit is not None else None
-                node = row.name if row is not None else "the node"
-                incidents.hold(
-                    session,
-                    inc,
-                    now,
-                    f"{inc.outcome}; the job {state} meanwhile: approving now cordons "
-                    f"{node} only, nothing is restarted",
-                    {
-                        "at": now,
-                        "level": "exclude_node",
-                        "by": ENGINE_ACTOR,
-                        "mode": NODE_ONLY,
-                        "node": node,
-                        "why": f"the job {state}",
-                        "restart": False,
-                    },
-                )
-            continue
         if inc.level == "exclude_node":
+            if inc.status == "pending" and not node_only(inc):
+                _ask_about_the_node(session, inc, now, state)
             continue
         if state == "failed":
             incidents.fail(session, inc, now, outcome, end_wait=True)
         else:
             incidents.resolve(session, inc, now, outcome)
+
+
+def _ask_about_the_node(session: Session, inc: Incident, now: float, state: str) -> None:
+    """A held exclusion whose job ended (`state`) becomes a question about its node only."""
+    culprit = q.culprit_node(session, inc)
+    row = session.get(Node, culprit) if culprit is not None else None
+    node = row.name if row is not None else "the node"
+    incidents.hold(
+        session,
+        inc,
+        now,
+        f"{inc.outcome}; the job {state} meanwhile: approving now cordons {node} only, "
+        "nothing is restarted",
+        {
+            "at": now,
+            "level": "exclude_node",
+            "by": ENGINE_ACTOR,
+            "mode": NODE_ONLY,
+            "node": node,
+            "why": f"the job {state}",
+            "restart": False,
+        },
+    )
 
 
 # The decision mode of a held exclusion whose job ended: a question about the node only.
