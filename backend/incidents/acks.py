@@ -164,7 +164,11 @@ def _resumed(session: Session, inc: Incident) -> str:
             .where(Command.incident_id == inc.id, Command.action == "launcher")
         ).all()
     )
-    joined = sorted(reads.job_hosts(session, inc.job_id) - restarted - set(left))
+    job = session.get(Job, inc.job_id)
+    since = inc.acted_at or 0.0
+    joined = (
+        sorted(reads.joined_since(session, job.name, since) - restarted - set(left)) if job else []
+    )
     if joined:
         return f"resumed; {', '.join(joined)} took the place of {', '.join(left)}"
     return f"resumed without {', '.join(left)}"

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from trainguard.backend.analytics.service import lost_steps
 from trainguard.backend.errors import NotFound
-from trainguard.backend.models import TIMELINE, Command, CommandAck, Incident, Job, Node, Rank
+from trainguard.backend.models import TIMELINE, Command, CommandAck, Event, Incident, Job, Node
 from trainguard.backend.models.control import IncidentEvidence
 
 # A failed ack that says the command found none of the job's workers on its node (the
@@ -144,12 +144,13 @@ def terminal_acks(session: Session, inc: Incident) -> dict[str, str | None]:
     return out
 
 
-def job_hosts(session: Session, job_id: int) -> set[str]:
-    """The nodes where a rank of the job is alive, as their agents last listed them."""
+def joined_since(session: Session, job: str, since: float) -> set[str]:
+    """The nodes where ranks of the job started since `since` (their rank_start events,
+    which agents send at once, before the ranks' first step)."""
     stmt = (
         select(Node.name)
-        .join(Rank, Rank.node_id == Node.id)
-        .where(Rank.job_id == job_id, Rank.alive.is_(True))
+        .join(Event, Event.node_id == Node.id)
+        .where(Event.kind == "rank_start", Event.job == job, Event.ts >= since)
         .distinct()
     )
     return set(session.scalars(stmt).all())

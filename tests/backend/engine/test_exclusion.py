@@ -58,6 +58,7 @@ def test_the_excluded_node_leaves_and_the_spare_that_took_its_place_is_named(
             wire.RankStatus(job="job", rank=r, pid=3000 + r, world_size=4, last_step=11)
             for r in (0, 1)
         ],
+        events=[wire.Event(kind="rank_start", ts=c.clock.t, job="job", rank=r) for r in (0, 1)],
     )
     c.ack(ids["launcher"], "n2", "delivered", "torn_down", "restarted", "resumed")
     (inc,) = c.incidents("job")
