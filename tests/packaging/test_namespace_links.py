@@ -56,6 +56,7 @@ def test_the_tools_are_pointed_at_the_links() -> None:
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
     assert tool["mypy"]["mypy_path"] == "$MYPY_CONFIG_FILE_DIR/.ci/namespace"
     assert tool["mypy"]["packages"] == ["trainguard"]
+    assert tool["pyright"]["extraPaths"] == [".ci/namespace"]
     assert tool["importlinter"]["root_package"] == "trainguard"
 
 
