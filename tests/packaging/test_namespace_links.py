@@ -99,10 +99,13 @@ def test_a_new_module_a_removed_one_and_a_copied_file_are_drift(tmp_path: Path) 
     root = _checkout(tmp_path)
     typecheck.relink(root)
     (root / "backend" / "new.py").touch()  # inside a linked folder: no change
+    tree = root / ".ci" / "namespace" / "trainguard"
+    for cache in (tree / "agent" / "__pycache__", tree.parent / ".grimp_cache"):
+        cache.mkdir()
+        (cache / "cached").touch()  # bytecode of an import through the tree, a tool's cache
     assert typecheck.drift(root) == []
     (root / "agent" / "daemon.py").touch()
     (root / "agent" / "cli.py").unlink()
-    tree = root / ".ci" / "namespace" / "trainguard"
     (tree / "sdk").unlink()
     (tree / "sdk").write_text("../../../agent/sdk")  # a checkout without symlinks
     assert typecheck.drift(root) == [
