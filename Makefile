@@ -47,8 +47,9 @@ chromium:
 demo: venv
 	$(BIN)/trainguard demo --port $(PORT)
 
-# The checks the code's habits rely on run first: lint, format, types (.ci/typecheck lays
-# out the installed trainguard namespace for mypy), then every test, slow ones included.
+# The checks the code's habits rely on run first: lint, format, types (.ci/typecheck runs
+# mypy, import-linter and pyright over .ci/namespace, the installed trainguard namespace as
+# committed links), then every test, slow ones included.
 test: venv chromium lint
 	$(BIN)/python -m pytest
 	$(MAKE) test-nvrx07
