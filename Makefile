@@ -19,7 +19,8 @@ VENV_NEW := .venv-nvrx07
 NVRX_TESTS ?= tests/restarts/test_nvrx_restarts.py tests/restarts/test_nvrx_versions.py \
 	tests/restarts/test_launcher_matrix.py \
 	tests/restarts/test_capabilities.py tests/restarts/test_launcher_flags.py tests/test_demo.py \
-	"tests/restarts/test_job_states.py::test_a_job_its_user_stops_ends_stopped_with_no_incident[ft_launcher-2n-sigterm]"
+	"tests/restarts/test_job_states.py::test_a_job_its_user_stops_ends_stopped_with_no_incident[ft_launcher-2n-sigterm]" \
+	"tests/restarts/test_exclusion_spare.py::test_an_excluded_node_leaves_the_job_and_the_spare_takes_its_place[ft_launcher]"
 
 .PHONY: venv venv-nvrx07 demo test test-fast test-nvrx07 lint chromium clean
 

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from tests.support import wait_for
+from trainguard.backend import demojob
 
-from .matrix import PER_NODE, Cell, Stack
+from .matrix import INJECT, PER_NODE, TORCHRUN, Cell, Stack
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +32,9 @@ class SpareStack(Stack):
 
     ACTIVE = 2
 
-    def __init__(self, tmp: Path) -> None:
-        super().__init__(tmp, Cell("torchrun", wrapper=False, nodes=3))
-        self.rdzv = 0
+    def __init__(self, tmp: Path, launcher: str) -> None:
+        super().__init__(tmp, Cell(launcher, wrapper=False, nodes=3))
+        self.rdzv = demojob.free_port()
 
     def launch(self) -> None:
         for i in range(3):
@@ -42,27 +43,37 @@ class SpareStack(Stack):
             self.launch_node(i)
 
     def launch_node(self, i: int) -> None:
-        from trainguard.backend import demojob
-
-        self.rdzv = self.rdzv or demojob.free_port()
         extra = {
             "TRAINGUARD_TEST_FAULTS": str(self.faults),
             "OMP_NUM_THREADS": "1",
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
             "TRAINGUARD_AGENT_SOCKET": str(self.agent_socket(i)),
         }
-        from .matrix import INJECT, TORCHRUN
-
-        cmd = [
-            str(TORCHRUN),
-            *("--nnodes", str(self.ACTIVE), "--nproc-per-node", str(PER_NODE)),
-            *("--max-restarts", str(self.max_restarts), "--rdzv-backend", "c10d"),
-            *("--rdzv-endpoint", f"127.0.0.1:{self.rdzv}", "--rdzv-id", self.job),
-            # Node 0 hosts the rendezvous store, whichever launcher comes up first.
-            *("--rdzv-conf", f"is_host={int(i == 0)}"),
-            str(INJECT),
-            *self.script_args(),
-        ]
+        # Node 0 hosts the rendezvous store, whichever launcher comes up first.
+        host = ["--rdzv-conf", f"is_host={int(i == 0)}"]
+        if self.cell.launcher == "torchrun":
+            extra["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+            cmd = [
+                str(TORCHRUN),
+                *("--nnodes", str(self.ACTIVE), "--nproc-per-node", str(PER_NODE)),
+                *("--max-restarts", str(self.max_restarts), "--rdzv-backend", "c10d"),
+                *("--rdzv-endpoint", f"127.0.0.1:{self.rdzv}", "--rdzv-id", self.job),
+                *host,
+                str(INJECT),
+                *self.script_args(),
+            ]
+        else:
+            extra.update(demojob.simulation_env(3))
+            line = demojob.launcher_command(
+                self.ACTIVE,
+                PER_NODE,
+                self.rdzv,
+                self.job,
+                self.max_restarts,
+                self.script_args(),
+                script=INJECT,
+            )
+            at = line.index(str(INJECT))
+            cmd = [*line[:at], *host, *line[at:]]
         self.launchers.append(self.start(f"launcher{i}", cmd, **extra))
 
     def live(self, after: float = 0.0, steps: int = 12) -> list[dict[str, Any]] | None:
@@ -79,8 +90,11 @@ class SpareStack(Stack):
 
 
 @pytest.mark.timeout(480)
-def test_an_excluded_node_leaves_the_job_and_the_spare_takes_its_place(tmp_path: Path) -> None:
-    stack = SpareStack(tmp_path)
+@pytest.mark.parametrize("launcher", ["torchrun", "ft_launcher"])
+def test_an_excluded_node_leaves_the_job_and_the_spare_takes_its_place(
+    tmp_path: Path, launcher: str
+) -> None:
+    stack = SpareStack(tmp_path, launcher)
     with stack.running():
         ranks = wait_for(stack.live, 240, 0.5)
         stack.launch_node(2)  # the spare: the round is full, it waits
