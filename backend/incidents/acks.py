@@ -143,6 +143,30 @@ def record_leave(session: Session, cmd: Command, ack: wire.Ack) -> None:
         service.note(session, inc, f"{node.name} did not leave the job: {ack.detail}")
 
 
+WITHOUT = "resumed without "
+# How long after its resolution an exclusion's outcome may still learn its replacement.
+REPLACEMENT_WINDOW_S = 120.0
+
+
+def name_replacements(session: Session, now: float) -> None:
+    """Exclusions resolved lately as "resumed without N" whose spare's rank_start events
+    came in after the survivors' first step (another agent's batch): their outcome names
+    the node that took N's place once those events are stored (engine sweep, each tick)."""
+    rows = session.scalars(
+        select(Incident).where(
+            Incident.status == "resolved",
+            Incident.level == "exclude_node",
+            Incident.closed_at >= now - REPLACEMENT_WINDOW_S,
+            Incident.outcome.startswith(WITHOUT),
+        )
+    ).all()
+    for inc in rows:
+        outcome = _resumed(session, inc)
+        if outcome != inc.outcome:
+            inc.outcome = outcome
+            changed(session, inc)
+
+
 def _resumed(session: Session, inc: Incident) -> str:
     """The outcome of a restart that resumed; after an exclusion, which node replaced the
     excluded one (a spare whose ranks now run the job), or that the job went on smaller."""
@@ -171,7 +195,7 @@ def _resumed(session: Session, inc: Incident) -> str:
     )
     if joined:
         return f"resumed; {', '.join(joined)} took the place of {', '.join(left)}"
-    return f"resumed without {', '.join(left)}"
+    return f"{WITHOUT}{', '.join(left)}"
 
 
 def record_stop(session: Session, cmd: Command, ack: wire.Ack) -> None:

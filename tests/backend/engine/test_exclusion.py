@@ -91,3 +91,23 @@ def test_the_only_node_of_a_job_keeps_its_launcher(make_cluster: Any) -> None:
     assert inc["level"] == "exclude_node"
     assert [x["action"] for x in inc["commands"]] == []
     assert inc["decisions"][-1]["leave"] == "n3 is the only node of job other: its launcher stays"
+
+
+def test_a_spare_reported_after_the_first_step_is_named_once_it_is(make_cluster: Any) -> None:
+    # The survivors' first step can reach the backend before the spare's agent reports
+    # its ranks: the outcome says "resumed without n1" until their rank_start events come.
+    c = make_cluster()
+    inc, ids = _excluded(c)
+    c.ack(ids["exclude_node"], "n1", "delivered", "torn_down", detail="ended pid 1 with SIGTERM")
+    c.ack(ids["launcher"], "n2", "delivered", "torn_down", "restarted", "resumed")
+    (inc,) = c.incidents("job")
+    assert (inc["status"], inc["outcome"]) == ("resolved", "resumed without n1")
+    c.post(
+        "n3",
+        ranks=[wire.RankStatus(job="job", rank=r, pid=3000 + r, world_size=4) for r in (0, 1)],
+        events=[wire.Event(kind="rank_start", ts=c.clock.t, job="job", rank=r) for r in (0, 1)],
+    )
+    c.clock.advance(1)
+    c.decide()
+    (inc,) = c.incidents("job")
+    assert (inc["status"], inc["outcome"]) == ("resolved", "resumed; n3 took the place of n1")
