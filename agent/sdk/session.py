@@ -133,6 +133,7 @@ class Session:
         self.restart_count = restart_count
         self._detect_wrapper = in_process is None
         self.timeouts = RankTimeouts(parent_pid())  # reported with the identity
+        self._beats = 0
         self.local_rank = local_rank
         self.in_process = bool(in_process) or (
             in_process is None and self._wrapper_can_restart(sys._getframe())
@@ -422,6 +423,9 @@ class Session:
         return False
 
     def _heartbeat(self) -> None:
+        self._beats += 1
+        if self._beats % 10 == 1:
+            self.timeouts.look_for_ft_heartbeats()
         if self._detect_wrapper and not self.in_process and WRAP_MODULE in sys.modules:
             frame = sys._current_frames().get(self._owner_ident)
             self.in_process = frame is not None and self._wrapper_can_restart(frame)

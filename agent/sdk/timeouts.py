@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -198,17 +200,57 @@ def collective_timeout() -> dict[str, Any]:
     return {}
 
 
+FT_HEARTBEAT_KEYS = (
+    "launcher_heartbeat_s",
+    "launcher_initial_heartbeat_s",
+    "launcher_check_interval_s",
+)
+RANK_MONITOR_ENV = "FT_RANK_MONITOR_IPC_SOCKET"  # ft_launcher's rank monitor, per worker
+
+
+def sends_ft_heartbeats(path: str | None) -> bool:
+    """Whether this process is connected to ft_launcher's rank monitor at `path` (NVRx's
+    RankMonitorClient connects a Unix stream socket there): only then do the launcher's
+    heartbeat timeouts apply to it (the monitor checks them once a rank connected)."""
+    if not path:
+        return False
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for name in fds:
+        with contextlib.suppress(OSError, ValueError):
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+            try:
+                if sock.family == socket.AF_UNIX and sock.getpeername() == path:
+                    return True
+            finally:
+                sock.close()
+    return False
+
+
 class RankTimeouts:
     """What a session reports as its rank's timeouts: the launcher's (read once, from the
-    launcher process `launcher_pid`), the Wrapper's (once the session finds it running),
+    launcher process `launcher_pid`; its heartbeat timeouts only once the rank is seen
+    connected to its rank monitor), the Wrapper's (once the session finds it running),
     the longest checkpoint save so far, and the process group's (read at every report:
     a Wrapper's restart makes a new group)."""
 
     def __init__(self, launcher_pid: int, env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         self.launcher = launcher_timeouts(launcher_cmdline(launcher_pid), env)
+        self.rank_monitor = env.get(RANK_MONITOR_ENV)
+        self.ft_heartbeats = False
         self.wrapper: dict[str, float] | None = None  # None: no Wrapper found yet
         self.checkpoint_save_s: float | None = None
+
+    def look_for_ft_heartbeats(self) -> None:
+        """From the heartbeat thread, now and then, until found."""
+        if not self.ft_heartbeats and self.rank_monitor:
+            self.ft_heartbeats = sends_ft_heartbeats(self.rank_monitor)
 
     def saved(self, phase: str, seconds: float) -> None:
         """A checkpoint phase ended after `seconds` of blocking time; saves count."""
@@ -217,6 +259,9 @@ class RankTimeouts:
 
     def current(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.launcher)
+        if not self.ft_heartbeats:
+            for key in FT_HEARTBEAT_KEYS:
+                out.pop(key, None)
         out.update(self.wrapper or {})
         out.update(collective_timeout())
         if self.checkpoint_save_s is not None:
