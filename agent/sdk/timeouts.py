@@ -237,7 +237,8 @@ class RankTimeouts:
     launcher process `launcher_pid`; its heartbeat timeouts only once the rank is seen
     connected to its rank monitor), the Wrapper's (once the session finds it running),
     the longest checkpoint save so far, and the process group's (read at every report:
-    a Wrapper's restart makes a new group)."""
+    a Wrapper's restart makes a new group; the last one read stands while there is none,
+    between two groups and after the last one is destroyed)."""
 
     def __init__(self, launcher_pid: int, env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
@@ -246,6 +247,7 @@ class RankTimeouts:
         self.ft_heartbeats = False
         self.wrapper: dict[str, float] | None = None  # None: no Wrapper found yet
         self.checkpoint_save_s: float | None = None
+        self.collective: dict[str, Any] = {}
 
     def look_for_ft_heartbeats(self) -> None:
         """From the heartbeat thread, now and then, until found."""
@@ -263,7 +265,8 @@ class RankTimeouts:
             for key in FT_HEARTBEAT_KEYS:
                 out.pop(key, None)
         out.update(self.wrapper or {})
-        out.update(collective_timeout())
+        self.collective = collective_timeout() or self.collective
+        out.update(self.collective)
         if self.checkpoint_save_s is not None:
             out["checkpoint_save_s"] = round(self.checkpoint_save_s, 6)
         return out
