@@ -153,7 +153,7 @@ def test_the_launch_lines_read_as_ft_launcher_and_torchrun_say() -> None:
     assert launcher_timeouts([*TORCHRUN, "t.py", "--monitor-interval", "9"], {}) == {
         "monitor_interval_s": 0.1
     }
-    assert launcher_timeouts(TORCHRUN + ["t.py"], {"PET_MONITOR_INTERVAL": "2"}) == {
+    assert launcher_timeouts([*TORCHRUN, "t.py"], {"PET_MONITOR_INTERVAL": "2"}) == {
         "monitor_interval_s": 2.0
     }
     # NVRx's defaults when the line says nothing; "none" is no timeout
