@@ -5,7 +5,11 @@ group, a real checkpoint section, NVRx's real rank monitor client and Wrapper.""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +160,37 @@ def test_the_nvrx_wrappers_timeouts_reach_rank_status(
     assert (t["wrapper_soft_s"], t["wrapper_hard_s"], t["wrapper_heartbeat_s"]) == (15, 25, 10)
     assert (t["wrapper_barrier_s"], t["wrapper_completion_s"]) == (60, 60)
     assert "launcher_heartbeat_s" not in t  # no launcher here
+
+
+def test_an_odd_timeout_is_dropped_on_its_own_and_an_old_sdk_has_only_the_agents(
+    make_node: Any,
+) -> None:
+    node = make_node()
+    odd, old = os.getpid(), os.getppid()  # live processes, standing in for ranks
+    declared = {
+        "collective_s": -5,  # refused by the wire: dropped
+        "collective_backend": "x" * 1000,  # too long: dropped
+        "wrapper_hard_s": True,  # no number: dropped
+        "launcher_heartbeat_s": 1e300,  # beyond MAX_TIMEOUT_S: dropped
+        "wrapper_soft_s": 60,  # kept
+        "not_a_timeout": 3,  # unknown: dropped
+    }
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        base = {"t": "hello", "job": "j", "ts": time.time()}
+        hello = {**base, "rank": 0, "pid": odd, "timeouts": declared}
+        s.sendto(json.dumps(hello).encode(), node.local.socket_path)
+        s.sendto(json.dumps({**base, "rank": 1, "pid": old}).encode(), node.local.socket_path)
+        wait_for(lambda: {odd, old} <= set(node.local.ranks), 10)
+    finally:
+        s.close()
+    statuses = {st.pid: st for st in node.local.rank_statuses()}
+    t = statuses[odd].timeouts
+    assert t is not None and t.wrapper_soft_s == 60.0
+    assert (t.collective_s, t.collective_backend, t.wrapper_hard_s) == (None, None, None)
+    assert t.launcher_heartbeat_s is None
+    assert t.first_step_s == 120.0  # the agent's own, for every live rank
+    o = statuses[old].timeouts
+    assert o is not None and (o.first_step_s, o.wrapper_soft_s) == (120.0, None)
+    batch = Batch(node="n1", agent_id="agent-0001", seq=1, sent_at=1.0, ranks=[*statuses.values()])
+    assert len(decode_batch(encode(batch)).ranks or []) == 2  # the node's batch is accepted
