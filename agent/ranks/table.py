@@ -87,7 +87,9 @@ class RankRecord:
     display_name: str | None = None
     max_restarts: int | None = None  # the launcher's restart budget (--max-restarts)
     restart_count: int | None = None  # the restarts of it used
-    timeouts: dict[str, Any] = field(default_factory=dict)  # wire.Timeouts' fields it declared
+    # wire.Timeouts' fields it declared; None: an SDK from before them, which gets no
+    # timeouts on its RankStatus either (an older backend refuses the field)
+    timeouts: dict[str, Any] | None = None
     hang_reported: bool = False
     in_checkpoint: bool = False
     restarting: bool = False  # an exception was reported; no hang checks until re-entry
@@ -425,5 +427,7 @@ class RankTable:
 def _rank_timeouts(
     rec: RankRecord, thresholds: Callable[[RankRecord], dict[str, float]] | None
 ) -> Timeouts | None:
+    if rec.timeouts is None:
+        return None
     values = {**rec.timeouts, **(thresholds(rec) if thresholds and rec.alive else {})}
-    return Timeouts(**values) if values else None
+    return Timeouts(**values)

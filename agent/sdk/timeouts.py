@@ -223,7 +223,12 @@ def sends_ft_heartbeats(path: str | None) -> bool:
             fd = int(name)
             if not stat.S_ISSOCK(os.fstat(fd).st_mode):
                 continue
-            sock = socket.socket(fileno=os.dup(fd))
+            dup = os.dup(fd)
+            try:
+                sock = socket.socket(fileno=dup)
+            except OSError:
+                os.close(dup)
+                continue
             try:
                 if sock.family == socket.AF_UNIX and sock.getpeername() == path:
                     return True

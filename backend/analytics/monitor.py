@@ -59,6 +59,7 @@ class AnalyticsMonitor:
         goodput_refresh_s: float = 60.0,
         idle_after_s: float = 300.0,
         is_leader: Callable[[], bool] | None = None,
+        timeouts_fresh_s: float = ACTIVE_WITHIN_S,
     ) -> None:
         self.sessions = sessions
         self.is_leader = is_leader
@@ -66,7 +67,8 @@ class AnalyticsMonitor:
         self.publish = publish
         self.goodput_refresh_s = goodput_refresh_s
         self.idle_after_s = idle_after_s
-        self.timeouts_fresh_s = ACTIVE_WITHIN_S  # ranks heard within it count as live
+        # Ranks heard within it are live for the timeout check (GET /jobs/{job}'s window).
+        self.timeouts_fresh_s = timeouts_fresh_s
         self.gauges: dict[str, dict[str, Any]] = {}  # job -> whole-run goodput, badput
         self.stragglers: dict[str, int] = {}  # job -> flagged ranks, every tick
         self.stats = {"ticks": 0, "rows": 0, "events": 0, "tick_s": 0.0}
@@ -293,6 +295,7 @@ def from_settings(
         goodput_refresh_s=settings.goodput_refresh_s,
         idle_after_s=settings.goodput_idle_after_s,
         is_leader=is_leader,
+        timeouts_fresh_s=settings.node_down_after_s,
     )
 
 
