@@ -65,8 +65,8 @@ RULES: tuple[Rule, ...] = (
         "trainguard's hang threshold ({shorter}) is not shorter than the process group's "
         "timeout ({longer}): the healthy ranks' collectives time out first, and the "
         "incident blames their exceptions instead of the hung rank",
-        "Raise init_process_group(timeout=...) above trainguard's hang threshold, or lower "
-        "the agent's hang factor.",
+        "Raise init_process_group(timeout=...) above trainguard's hang threshold (by "
+        "default 10 times the rank's step time, at least 2 s).",
     ),
     Rule(
         "hang_under_launcher_heartbeat",
@@ -75,8 +75,8 @@ RULES: tuple[Rule, ...] = (
         "trainguard's hang threshold ({shorter}) is not shorter than ft_launcher's rank "
         "heartbeat timeout ({longer}): the launcher restarts the whole group before "
         "trainguard sees the hang and can restart it in process",
-        "Raise --ft-rank-heartbeat-timeout above trainguard's hang threshold, or lower the "
-        "agent's hang factor.",
+        "Raise --ft-rank-heartbeat-timeout above trainguard's hang threshold (by "
+        "default 10 times the rank's step time, at least 2 s).",
     ),
     Rule(
         "first_step_under_launcher_initial",
@@ -85,8 +85,8 @@ RULES: tuple[Rule, ...] = (
         "trainguard's first-step allowance ({shorter}) is not shorter than ft_launcher's "
         "initial rank heartbeat timeout ({longer}): a rank stuck in its set-up is ended by "
         "the launcher before trainguard reports it",
-        "Raise --ft-initial-rank-heartbeat-timeout above trainguard's first-step allowance, "
-        "or lower the agent's hang_first_step_s.",
+        "Raise --ft-initial-rank-heartbeat-timeout above trainguard's first-step allowance "
+        "(120 s by default).",
     ),
     Rule(
         "wrapper_soft_under_hard",
