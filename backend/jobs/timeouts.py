@@ -59,16 +59,6 @@ RULES: tuple[Rule, ...] = (
         "around the save.",
     ),
     Rule(
-        "hang_under_collective",
-        ("hang_s",),
-        "collective_s",
-        "trainguard's hang threshold ({shorter}) is not shorter than the process group's "
-        "timeout ({longer}): the healthy ranks' collectives time out first, and the "
-        "incident blames their exceptions instead of the hung rank",
-        "Raise init_process_group(timeout=...) above trainguard's hang threshold (by "
-        "default 10 times the rank's step time, at least 2 s).",
-    ),
-    Rule(
         "hang_under_launcher_heartbeat",
         ("hang_s",),
         "launcher_heartbeat_s",

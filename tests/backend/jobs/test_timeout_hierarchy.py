@@ -90,9 +90,6 @@ CASES = [
     ("launcher_heartbeat_over_checkpoint",
      {**launched(FT_070), "checkpoint_save_s": 100.0},
      {**launched(FT_070), "checkpoint_save_s": 400.0}),
-    ("hang_under_collective",
-     {"collective_s": 600.0, "hang_s": 30.0},
-     {"collective_s": 5.0, "hang_s": 30.0}),
     ("hang_under_launcher_heartbeat",
      {**launched(FT_041), "hang_s": 30.0},
      {**launched(FT_041), "hang_s": 3000.0}),
@@ -116,6 +113,13 @@ CASES = [
 
 def test_every_rule_has_a_case() -> None:
     assert [c[0] for c in CASES] == [r.code for r in RULES]
+
+
+def test_a_collective_timeout_shorter_than_the_hang_threshold_is_no_warning(client: Any) -> None:
+    # A short gloo timeout is what lets a rank blocked in a collective take the restart
+    # signal (docs/restarts.md): not a rule, whatever trainguard's hang threshold is.
+    post(client, [{"collective_s": 5.0, "hang_s": 30.0, **AGENT}])
+    assert codes(client) == []
 
 
 @pytest.mark.parametrize(("code", "good", "bad"), CASES, ids=[c[0] for c in CASES])
