@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support import free_port, wait_for
+from trainguard.backend.demojob import launcher_options
 from trainguard.protocol.wire import Batch, decode_batch, encode
 
 from .test_capabilities import UNDER_WRAPPER
@@ -103,13 +104,16 @@ def test_ft_launchers_heartbeat_timeouts_count_once_the_rank_sends_ft_heartbeats
     make_node: Any, spawn: Any, tmp_path: Path
 ) -> None:
     node = make_node()
-    # 0.4.1's deprecated spelling and the 0.6+ one (0.4.1 takes both) in one line
-    line = [_launcher("ft_launcher"), "--standalone", "--nproc-per-node", "1",
-            "--max-restarts", "0", "--ft-enable-nic-monitor", "false",
-            "--ft-param-initial_rank_heartbeat_timeout", "600",
-            "--ft-rank-heartbeat-timeout=300", "--ft-workload-check-interval", "2"]  # fmt: skip
-    if not Path(line[0]).exists():
+    head = _launcher("ft_launcher")
+    if not Path(head).exists():
         pytest.skip("no ft_launcher (NVRx) in this environment")
+    # 0.4.1's deprecated --ft-param-* (0.6 removed it) where the launcher has it, and the
+    # 0.6+ spelling as --opt=value, in one line
+    old = "--ft-param-initial_rank_heartbeat_timeout"
+    initial = old if old in (launcher_options((head,)) or {}) else old.replace("param-", "")
+    line = [head, "--standalone", "--nproc-per-node", "1", "--max-restarts", "0",
+            "--ft-enable-nic-monitor", "false", initial, "600",
+            "--ft-rank-heartbeat-timeout=300", "--ft-workload-check-interval", "2"]  # fmt: skip
     p, stop = _run(spawn, node, tmp_path, line, OMP_NUM_THREADS="1", FT_HEARTBEATS="1")
     t = _timeouts(node, "launcher_heartbeat_s")
     stop.touch()
