@@ -86,8 +86,10 @@ class Client:
 
     # -- nodes ------------------------------------------------------------------------
 
-    def cordon(self, node: str, reason: str) -> NodeCordon:
-        body = {"reason": reason}
+    def cordon(self, node: str, reason: str, force: bool = False) -> NodeCordon:
+        body: dict[str, str | bool] = {"reason": reason}
+        if force:
+            body["force"] = True
         return self._call("POST", f"/nodes/{_seg(node)}/cordon", NodeCordon, json=body)
 
     def uncordon(self, node: str, reason: str) -> NodeCordon:

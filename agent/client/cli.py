@@ -139,13 +139,24 @@ def reject(
 def cordon(
     node: Annotated[str, typer.Argument(help="node name")],
     reason: Annotated[str, typer.Option(help="why (audited)")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="also when the node hosts live ranks: it leaves their jobs, which restart "
+            "without it (an incident each)",
+        ),
+    ] = False,
     server: Server = DEFAULT_SERVER,
     token: Token = None,
     as_json: Json = False,
 ) -> None:
-    """Cordon a node: no new work on it."""
-    result = call(server, token, lambda c: c.cordon(node, reason))
+    """Cordon a node: no new work on it (with live ranks on it, --force takes it out of
+    their jobs)."""
+    result = call(server, token, lambda c: c.cordon(node, reason, force))
     text = "cordoned" if result.changed else "was already cordoned; nothing to do"
+    if result.incidents:
+        text += f"; it leaves its jobs (incident {', '.join(map(str, result.incidents))})"
     show(result, as_json, f"node {result.name}: {text}")
 
 

@@ -104,3 +104,4 @@ class NodeCordon(msgspec.Struct, kw_only=True):
     name: str
     cordoned: bool
     changed: bool = True
+    incidents: list[int] = []  # one per job the node left (a forced cordon)

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.backend.bench.chaos_config import (
-    RANKS_PER_NODE,
     ChaosConfig,
     ChaosError,
     parse_config,
@@ -144,7 +143,7 @@ def run(
         "interrupted": interrupted,
         "config": {
             **asdict(cfg),
-            "world": cfg.nodes * RANKS_PER_NODE,
+            "world": cfg.world,
             "workdir": str(work) if workdir else None,
         },
         "machine": {

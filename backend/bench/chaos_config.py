@@ -31,7 +31,10 @@ class ChaosError(RuntimeError):
 class ChaosConfig:
     minutes: float
     seed: int = 42
-    nodes: int = 2
+    # Three imitated nodes: two train, one waits as the hot spare an exclusion swaps in
+    # (docs/engine.md, "A node leaves the job"); a readmitted node is the next spare.
+    nodes: int = 3
+    spares: int = 1
     steps: int = 800  # per job run
     faults_per_run: int = 5
     after_step: int = 20
@@ -52,6 +55,11 @@ class ChaosConfig:
     observe_every_s: float = 2.0
     policy: str | None = None  # a policy TOML; None: the server's defaults, as the demo
     down_after_s: float = 15.0  # the server's node_down_after_s (its default)
+
+    @property
+    def world(self) -> int:
+        """The job's ranks: those of the nodes that train (not the spares)."""
+        return (self.nodes - self.spares) * RANKS_PER_NODE
 
 
 def parse_config(
@@ -152,7 +160,7 @@ def _plan(cfg: ChaosConfig, run_seed: int) -> list[Any]:
         run_seed,
         cfg.after_step,
         cfg.steps,
-        cfg.nodes * RANKS_PER_NODE,
+        cfg.world,
         faults.parse_kinds(cfg.kinds),
         cfg.min_gap,
     )

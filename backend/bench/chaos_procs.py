@@ -126,8 +126,6 @@ class Chaos:
         self.agent_since[name] = time.time()
 
     def launch(self) -> JobRun:
-        from trainguard.backend import demojob
-
         n = len(self.runs) + 1
         run = JobRun(n, f"chaos-{n}", self.cfg.seed * 1000 + n, self.work / f"job-{n}", [], 0.0)
         # each fault may cost a restart of its own and one for trainguard's command, an
@@ -135,7 +133,17 @@ class Chaos:
         run.max_restarts = 3 * self.cfg.faults_per_run + 4
         if budget_run(self.cfg, n):
             run.max_restarts = self.cfg.small_max_restarts
-        run.procs = demojob.launch(
+        run.procs = self._start(run)
+        run.started_at = run.progress_at = time.time()
+        self.runs.append(run)
+        return run
+
+    def _start(self, run: JobRun, only: int | None = None) -> list[subprocess.Popen[bytes]]:
+        """The run's launchers (or node `only`'s): all nodes but the spares train; the
+        rendezvous is served by the bench's store, so no node takes it along."""
+        from trainguard.backend import demojob
+
+        return demojob.launch(
             run.workdir,
             [str(self.work / f"{name}.sock") for name in self.names],
             self.store.port,
@@ -149,10 +157,11 @@ class Chaos:
             fault_kinds=self.cfg.kinds,
             fault_min_gap=self.cfg.min_gap,
             step_sleep=self.cfg.step_sleep,
+            nnodes=self.cfg.nodes - self.cfg.spares,
+            rdzv_port=self.store.port,
+            rdzv_host=False,
+            only=only,
         )
-        run.started_at = run.progress_at = time.time()
-        self.runs.append(run)
-        return run
 
     def end_run(self, run: JobRun, why: str) -> None:
         from trainguard.backend import demojob
@@ -200,7 +209,7 @@ class Chaos:
         self.start = time.time()
         until = self.start + self.cfg.minutes * 60
         run = self.launch()
-        next_obs = 0.0
+        next_obs = next_readmit = 0.0
         while time.time() < until:
             now = time.time()
             self._check_processes()
@@ -213,12 +222,30 @@ class Chaos:
             elif now - run.progress_at > self.cfg.stall_s:
                 self.end_run(run, "stalled")
                 run = self.launch()
+            if self.cfg.spares and now >= next_readmit:
+                next_readmit = now + 5.0
+                self.readmitted(run)
             self.outside.tick(now, until)
             if now >= next_obs:
                 next_obs = now + self.cfg.observe_every_s
                 self.observe(run)
             time.sleep(0.25)
         self.outside.finish()
+
+    def readmitted(self, run: JobRun) -> None:
+        """As a scheduler would: a node whose launcher ended while the run goes on (it
+        left the job, excluded) gets its launcher again once it is readmitted, and waits
+        as the run's next spare."""
+        if all(p.poll() is not None for p in run.procs):
+            return
+        gone = [i for i, p in enumerate(run.procs) if p.poll() is not None]
+        nodes = {n["name"]: n for n in self._get("/api/v1/nodes") or []} if gone else {}
+        for i in gone:
+            node = nodes.get(self.names[i])
+            if node is None or node.get("cordoned"):
+                continue
+            (back,) = self._start(run, only=i)
+            run.procs[i] = back
 
     def _check_processes(self) -> None:
         """The server must live; an agent that exited though the bench did not kill it is

@@ -152,23 +152,6 @@ def _uncordon_hook(request: Request, node: str, who: str) -> None:
 
 
 @router.post(
-    "/nodes/{node}/cordon",
-    summary="Cordon a node (no new work; audited)",
-    responses=errors.responses(*errors.OPERATOR, 404, 422, _404="no such node"),
-)
-def cordon(
-    node: NodeName, session: SessionDep, who: OperatorDep, body: CordonRequest | None = None
-) -> CordonState:
-    n = service.get_node(session, node)
-    reason = (body.reason if body else "") or "cordoned by an operator"
-    now = time.time()
-    changed = cordons.cordon(session, n, who.name, reason, now) is not None
-    if not changed:
-        _audit(session, now, who.name, "cordon", node, reason)  # already cordoned
-    return CordonState(name=node, cordoned=True, changed=changed)
-
-
-@router.post(
     "/nodes/{node}/uncordon",
     summary="Readmit a cordoned node through the uncordon hook (operator; audited)",
     responses=errors.responses(*errors.OPERATOR, 404, 422, _404="no such node"),

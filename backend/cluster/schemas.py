@@ -150,6 +150,11 @@ class Event(BaseModel):
 class CordonRequest(BaseModel):
     model_config = {"extra": "forbid"}
     reason: str = Field(default="", max_length=500)
+    force: bool = Field(
+        False,
+        description="cordon a node that hosts live ranks: it leaves their jobs (its launcher "
+        "there is ended, their other nodes restart without it), one incident per job",
+    )
 
 
 class CordonState(BaseModel):
@@ -159,4 +164,9 @@ class CordonState(BaseModel):
         True,
         description="whether this request changed the node (false: it was cordoned, or "
         "not cordoned, already; nothing was done but the audit)",
+    )
+    incidents: list[int] = Field(
+        default_factory=list,
+        description="the incidents opened for the jobs the node left (a forced cordon of a "
+        "node with live ranks)",
     )

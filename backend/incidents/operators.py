@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from trainguard.backend import audit
+from trainguard.backend.cluster import cordons
 from trainguard.backend.errors import Conflict, NotFound
 from trainguard.backend.incidents import service
 from trainguard.backend.jobs.service import (
@@ -22,7 +23,7 @@ from trainguard.backend.jobs.service import (
     live_ranks,
     set_job_state,
 )
-from trainguard.backend.models import Incident, Job
+from trainguard.backend.models import Incident, Job, Node, Rank
 
 
 def approve(session: Session, incident_id: int, who: str, reason: str) -> Incident:
@@ -136,6 +137,116 @@ def manual_restart(
         reason=reason,
     )
     session.flush()
+    return inc
+
+
+# The conflict code of a cordon that would take a node out of running jobs without force.
+LIVE_RANKS = "live_ranks"
+
+
+def cordon_node(
+    session: Session,
+    node: Node,
+    actor: str,
+    reason: str,
+    *,
+    force: bool,
+    fresh_within_s: float,
+    leave_grace_s: float,
+) -> tuple[bool, list[Incident]]:
+    """An operator's cordon. A node hosting live ranks is taken out of their jobs as the
+    engine's exclusion does it (docs/engine.md, "A node leaves the job"): for each job an
+    incident at exclude_node, an exclude_node command to the node (not where it is the
+    job's only node) and a launcher restart of the job's other nodes. That is refused
+    (409, code live_ranks) unless `force`. Returns (changed, the incidents opened)."""
+    now = time.time()
+    rows = session.execute(
+        select(Rank.job_id, Rank.rank)
+        .where(
+            Rank.node_id == node.id,
+            Rank.alive.is_(True),
+            Rank.updated_at >= now - fresh_within_s,
+        )
+        .order_by(Rank.job_id, Rank.rank)
+    ).all()
+    here: dict[int, list[int]] = {}
+    for job_id, rank in rows:
+        here.setdefault(job_id, []).append(rank)
+    jobs = [j for j in (session.get(Job, i) for i in here) if j is not None]
+    if jobs and not node.cordoned and not force:
+        hosted = "; ".join(f"job {j.name} (rank {', '.join(map(str, here[j.id]))})" for j in jobs)
+        raise Conflict(
+            f"{node.name} hosts live ranks of {hosted}: cordoning it takes it out of them "
+            "(its launcher there is ended, the other nodes restart without it); send force: "
+            "true (CLI: --force) to go ahead",
+            code=LIVE_RANKS,
+        )
+    if cordons.cordon(session, node, actor, reason, now) is None:
+        return False, []
+    opened = [
+        _exclude_by_hand(session, job, node, actor, reason, now, fresh_within_s, leave_grace_s)
+        for job in jobs
+    ]
+    session.flush()
+    return True, opened
+
+
+def _exclude_by_hand(
+    session: Session,
+    job: Job,
+    node: Node,
+    actor: str,
+    reason: str,
+    now: float,
+    fresh_within_s: float,
+    leave_grace_s: float,
+) -> Incident:
+    why = f"cordoned by {actor}: {reason}"
+    inc = service.open_incident(
+        session,
+        job,
+        now=now,
+        trigger="manual",
+        triggered_by=actor,
+        cause="operator",
+        level="exclude_node",
+        reason=why,
+        fault_at=now,
+        detected_at=now,
+        fault_step=job.last_step,
+        node_id=node.id,
+    )
+    service.take_action(session, inc, now, restart=True)
+    targets: dict[int, list[int]] = {}
+    for rank, _ in live_ranks(session, job, fresh_within_s):
+        targets.setdefault(rank.node_id, []).append(rank.rank)
+    here = targets.pop(node.id, [])
+    entry: dict[str, Any] = {
+        "at": now,
+        "level": "exclude_node",
+        "why": why,
+        "by": actor,
+        "mode": "manual",
+        "restart": True,
+        "node": node.name,
+    }
+    if not targets:
+        entry["leave"] = f"{node.name} is the only node of job {job.name}: its launcher stays"
+    else:
+        entry["leave"] = f"{node.name} leaves job {job.name}: its launcher is ended"
+        leave = f"incident {inc.id}: {node.name} leaves job {job.name}"
+        service.issue_commands(
+            session,
+            inc,
+            "exclude_node",
+            {node.id: here},
+            now,
+            leave,
+            fault=False,
+            extra={"grace_s": leave_grace_s},
+        )
+        service.issue_commands(session, inc, "launcher", targets, now, why, fault=False)
+    service.add_decision(session, inc, entry)
     return inc
 
 

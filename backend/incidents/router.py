@@ -5,21 +5,24 @@ start (under /jobs/{job}, tagged `jobs`)."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import AfterValidator
 from sqlalchemy import event
 
-from trainguard.backend import errors
+from trainguard.backend import audit, errors
 from trainguard.backend.auth import OperatorDep, ViewerDep
+from trainguard.backend.cluster import service as cluster
+from trainguard.backend.cluster.schemas import CordonRequest, CordonState
 from trainguard.backend.db import SessionDep
 from trainguard.backend.incidents import listing, operators, publish, reads
 from trainguard.backend.incidents.schemas import Answer, Incident, IncidentOut
 from trainguard.backend.jobs import service as jobs
 from trainguard.backend.jobs.schemas import LaunchFailure, RestartRequest
 from trainguard.backend.models.control import ActionName
-from trainguard.backend.names import JobName
+from trainguard.backend.names import JobName, NodeName
 
 router = APIRouter(tags=["incidents"])
 
@@ -192,3 +195,53 @@ def launch_failure(
     incident = operators.launch_failure(session, job, body.reason, actor=who.name)
     publish.publish_on_commit(session, request.app.state.sessions, request.app.state.bus)
     return Incident.model_validate(reads.incident_dict(session, incident))
+
+
+@router.post(
+    "/nodes/{node}/cordon",
+    tags=["cluster"],
+    summary="Cordon a node (no new work; audited); with live ranks, take it out of their jobs",
+    responses=errors.responses(
+        *errors.OPERATOR,
+        404,
+        409,
+        422,
+        _404="no such node",
+        _409="the node hosts live ranks and force is not set (code: live_ranks)",
+    ),
+)
+def cordon(
+    node: NodeName,
+    session: SessionDep,
+    who: OperatorDep,
+    request: Request,
+    body: CordonRequest | None = None,
+) -> CordonState:
+    """No new work on the node. A node with live ranks also leaves their jobs, as an
+    exclusion does (an incident per job, docs/engine.md "A node leaves the job"), which
+    needs `force`; here, the cordon of an incident-free node is this alone."""
+    n = cluster.get_node(session, node)
+    reason = (body.reason if body else "") or "cordoned by an operator"
+    state = request.app.state
+    changed, opened = operators.cordon_node(
+        session,
+        n,
+        who.name,
+        reason,
+        force=bool(body and body.force),
+        fresh_within_s=state.settings.node_down_after_s,
+        leave_grace_s=state.settings.policy.model.escalation.leave_grace_s,
+    )
+    if not changed:  # already cordoned: nothing done but the audit
+        audit.record(
+            session,
+            ts=time.time(),
+            actor=who.name,
+            action="cordon",
+            target=f"node:{node}",
+            reason=reason,
+        )
+    if opened:
+        publish.publish_on_commit(session, state.sessions, state.bus)
+        state.commands_notifier.notify()
+    return CordonState(name=node, cordoned=True, changed=changed, incidents=[i.id for i in opened])

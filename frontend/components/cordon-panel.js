@@ -159,13 +159,30 @@ export class CordonPanel {
               ? ` It is flagged for repair (${node.cordons_recent} cordons in 7 days): readmit it only once it has been repaired.`
               : ""
           }`
-        : "No new work is placed on a cordoned node; running ranks keep running until a restart excludes it.",
+        : "No new work is placed on a cordoned node. A node that hosts live ranks also leaves their jobs: its launcher there is ended and their other nodes restart without it.",
       confirmLabel: readmit ? "Readmit" : "Cordon",
       danger: !readmit,
-      fields: [{ name: "reason", label: "Reason (audited)", required: true }],
+      fields: [
+        { name: "reason", label: "Reason (audited)", required: true },
+        {
+          // Offered only when the server refuses a cordon of a node with live ranks (409,
+          // code live_ranks): the operator confirms taking it out of their jobs.
+          name: "force",
+          label: "Take the node out of its running jobs (force)",
+          kind: "checkbox",
+          hidden: true,
+        },
+      ],
       signal: this.#signal,
-      action: ({ reason }) =>
-        apiPost(`nodes/${encodeURIComponent(name)}/${action}`, { reason }, { signal: this.#signal }),
+      action: ({ reason, force }) =>
+        apiPost(
+          `nodes/${encodeURIComponent(name)}/${action}`,
+          force ? { reason, force: true } : { reason },
+          { signal: this.#signal },
+        ),
+      onRefused: (error, dialog) => {
+        if (error.status === 409 && error.code === "live_ranks") dialog.reveal("force");
+      },
     });
     if (!result) {
       (readmit ? this.readmitButton : this.cordonButton).focus();

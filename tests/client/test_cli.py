@@ -5,6 +5,7 @@ and one line with a non-zero exit, never a traceback, for every failure."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -117,9 +118,17 @@ def test_incidents_lists_newest_first_and_filters_by_job_and_status(server: Serv
 
 
 def test_cordon_and_uncordon_change_the_nodes_state(server: Server) -> None:
-    server.feed(JobSeed("cli-cordon", ["cli-cordon-node"], steps=2))
+    server.feed(JobSeed("cli-cordon", ["cli-cordon-node", "cli-cordon-other"], steps=2))
+    # The node hosts live ranks: without --force, one line and a non-zero exit.
     got = server.cli("cordon", "cli-cordon-node", "--reason", "ECC errors")
-    assert (got.returncode, got.stdout) == (0, "node cli-cordon-node: cordoned\n"), got.stderr
+    assert got.returncode == 1 and got.stdout == "", got
+    assert got.stderr.count("\n") == 1 and "send force: true (CLI: --force)" in got.stderr
+    assert server.api("GET", "nodes/cli-cordon-node")["cordoned"] is False
+    got = server.cli("cordon", "cli-cordon-node", "--reason", "ECC errors", "--force")
+    assert got.returncode == 0, got.stderr
+    assert re.fullmatch(
+        r"node cli-cordon-node: cordoned; it leaves its jobs \(incident \d+\)\n", got.stdout
+    ), got.stdout
     node = server.api("GET", "nodes/cli-cordon-node")
     assert node["cordoned"] is True
     [cordon] = server.api("GET", "nodes/cli-cordon-node/cordons")
@@ -132,7 +141,12 @@ def test_cordon_and_uncordon_change_the_nodes_state(server: Server) -> None:
     ), again.stderr
 
     got = server.cli("uncordon", "cli-cordon-node", "--reason", "DIMM swapped", "--json")
-    assert _json(got) == {"name": "cli-cordon-node", "cordoned": False, "changed": True}
+    assert _json(got) == {
+        "name": "cli-cordon-node",
+        "cordoned": False,
+        "changed": True,
+        "incidents": [],
+    }
     assert server.api("GET", "nodes/cli-cordon-node")["cordoned"] is False
 
 
@@ -146,7 +160,12 @@ def test_uncordon_of_a_node_that_is_not_cordoned_says_so_neutrally(server: Serve
         "",
     )
     got = server.cli("uncordon", "cli-free-node", "--reason", "again", "--json")
-    assert _json(got) == {"name": "cli-free-node", "cordoned": False, "changed": False}
+    assert _json(got) == {
+        "name": "cli-free-node",
+        "cordoned": False,
+        "changed": False,
+        "incidents": [],
+    }
 
 
 def _pending_incident(server: Server, job: JobSeed) -> int:

@@ -58,15 +58,21 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
     )
     feed = JobFeed(cluster, seed, step=30)
     try:
-        feed.start()
-        cluster.wait(lambda: cluster.api(f"jobs/{JOB}")["world_size"] == 8, "no job")
-        # Cordoned by an operator and readmitted twice this week: a third cordon flags it.
-        # (The server commits after it answered: each step waits until it is visible.)
+        # Cordoned by an operator and readmitted twice this week, before the job came (a
+        # node with live ranks needs force: it would leave their jobs): a third cordon
+        # flags it. (The server commits after it answered: each step waits until it is
+        # visible.)
+        bare = xid_batch(CORDONED, 79, time.time())
+        bare["events"] = []
+        cluster.api("ingest", bare)
+        cluster.wait(lambda: cluster.node(CORDONED), "no node")
         for _ in range(2):
             cluster.api(f"nodes/{CORDONED}/cordon", {"reason": "flaky NVLink"})
             cluster.wait(lambda: cluster.node(CORDONED)["cordoned"], "no operator cordon")
             cluster.api(f"nodes/{CORDONED}/uncordon", {"reason": "reseated the cable"})
             cluster.wait(lambda: not cluster.node(CORDONED)["cordoned"], "no readmission")
+        feed.start()
+        cluster.wait(lambda: cluster.api(f"jobs/{JOB}")["world_size"] == 8, "no job")
         cluster.api("ingest", xid_batch(CORDONED, 79, time.time(), "GPU has fallen off the bus"))
         node = cluster.wait(
             lambda: (
@@ -224,3 +230,35 @@ def test_an_operator_readmits_a_node_flagged_for_repair_with_a_reason(
     expect(page.get_by_role("button", name="Cordon…")).to_be_focused()
     (latest, *_) = cluster.api(f"nodes/{CORDONED}/cordons")
     assert latest["by"] == "engine" and latest["released_by"] == "admin"
+
+
+def test_a_cordon_of_a_node_with_live_ranks_asks_to_take_it_out_of_its_job(
+    page_in: Page, guarded: Guarded, screenshot: Screenshot
+) -> None:
+    # (Last: it takes a node out of the scenario's job.)
+    page = page_in
+    cluster = guarded.cluster
+    node = NODES[2]
+    page.goto(f"{cluster.url}/#/nodes/{node}")
+    page.get_by_role("button", name="Cordon…").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text("also leaves their jobs")
+    force = dialog.get_by_label("Take the node out of its running jobs (force)")
+    expect(force).to_be_hidden()
+    dialog.get_by_label("Reason (audited)").fill("fan at 100 %")
+    dialog.get_by_role("button", name="Cordon").click()
+    expect(dialog.locator(".dialog-message")).to_contain_text(f"{node} hosts live ranks of job")
+    expect(force).to_be_visible()
+    assert cluster.node(node)["cordoned"] is False  # refused: nothing changed
+    force.check()
+    screenshot(page, "node-cordon-force-dialog")
+    dialog.get_by_role("button", name="Cordon").click()
+    expect(dialog).to_have_count(0)
+    cluster.wait(lambda: cluster.node(node)["cordoned"], "not cordoned")
+    (inc,) = [
+        i
+        for i in cluster.api(f"incidents?job={JOB}")
+        if i["cause"] == "operator" and i["node"] == node
+    ]
+    assert inc["level"] == "exclude_node"
+    assert ("exclude_node", node) in {(x["action"], x["node"]) for x in inc["commands"]}

@@ -180,7 +180,7 @@ def test_a_server_install_migrates_serves_the_dashboard_and_ships_the_demo_job(
             got = httpx.get(f"http://127.0.0.1:{port}/api/v1/nodes", headers=headers)
             return sorted(n["name"] for n in got.json())
 
-        assert wait_for(lambda: nodes() == ["demo-node-0", "demo-node-1"], 60, 0.5)
+        assert wait_for(lambda: nodes() == ["demo-node-0", "demo-node-1", "demo-node-2"], 60, 0.5)
         time.sleep(5)  # the store host used to fail within 2 s and stop the demo
         assert demo_proc.poll() is None, out.read_text()
     finally:

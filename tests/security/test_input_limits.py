@@ -288,7 +288,7 @@ def test_one_bad_batch_does_not_fail_the_batches_stored_with_it(client: Any, db_
 def test_operator_and_agent_bodies_refuse_unknown_fields_and_long_strings(client: Any) -> None:
     assert client.post("/api/v1/ingest", json=body()).status_code == 200
     cases = [
-        ("/api/v1/nodes/n1/cordon", {"reason": "x", "force": True}, "force"),
+        ("/api/v1/nodes/n1/cordon", {"reason": "x", "drain": True}, "drain"),
         ("/api/v1/nodes/n1/cordon", {"reason": "r" * 501}, "reason"),
         ("/api/v1/jobs/job-1/restarts", {"level": "reboot", "reason": "x"}, "level"),
         ("/api/v1/jobs/job-1/restarts", {"level": "launcher"}, "reason"),
@@ -350,7 +350,7 @@ def test_a_json_route_refuses_another_content_type_with_415(client: Any) -> None
             "unsupported content type 'text/plain': send application/json"
         )
     # No Content-Type at all: read as JSON, as ingest and acks read it.
-    r = client.post("/api/v1/nodes/n1/cordon", content=b'{"reason": "disk"}')
+    r = client.post("/api/v1/nodes/n1/cordon", content=b'{"reason": "disk", "force": true}')
     assert r.status_code == 200, r.text
     assert client.get("/api/v1/nodes/n1").json()["cordoned"] is True
 

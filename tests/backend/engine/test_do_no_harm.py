@@ -167,11 +167,14 @@ def test_an_xid_on_the_only_node_makes_the_job_wait_not_fail(make_cluster: Any) 
 
 
 def test_a_job_with_ranks_on_a_cordoned_node_is_still_restarted_there(make_cluster: Any) -> None:
-    # Cordon means no new work: the ranks still running there are live ranks of the job.
+    # Cordon means no new work: ranks that came to a cordoned node (cordoned before the
+    # job started there) are live ranks of the job. (A cordon of a node with live ranks
+    # takes it out of their jobs: test_exclusion.py.)
     c = make_cluster()
-    c.job("job", {"n1": (0,), "n2": (1,)})
+    c.post("n1")
     r = c.client.post("/api/v1/nodes/n1/cordon", json={"reason": "maintenance tonight"})
     assert r.status_code == 200
+    c.job("job", {"n1": (0,), "n2": (1,)})
     c.event("n2", "rank_exit", job="job", rank=1, data={"exit_code": 1, "signal": 9})
     c.decide()
     (inc,) = c.incidents("job")

@@ -111,3 +111,37 @@ def test_a_spare_reported_after_the_first_step_is_named_once_it_is(make_cluster:
     c.decide()
     (inc,) = c.incidents("job")
     assert (inc["status"], inc["outcome"]) == ("resolved", "resumed; n3 took the place of n1")
+
+
+def test_an_operators_cordon_of_a_node_with_live_ranks_asks_for_force_then_excludes_it(
+    make_cluster: Any,
+) -> None:
+    c = make_cluster()
+    c.job("job", {"n1": (0, 1), "n2": (2, 3)})
+    r = c.client.post("/api/v1/nodes/n1/cordon", json={"reason": "fan failing"})
+    assert r.status_code == 409, r.text
+    assert r.json()["code"] == "live_ranks"
+    assert "n1 hosts live ranks of job job (rank 0, 1)" in r.json()["detail"]
+    assert c.client.get("/api/v1/nodes/n1").json()["cordoned"] is False
+    assert c.incidents("job") == []
+    r = c.client.post("/api/v1/nodes/n1/cordon", json={"reason": "fan failing", "force": True})
+    assert r.status_code == 200, r.text
+    (opened,) = r.json()["incidents"]
+    assert c.client.get("/api/v1/nodes/n1").json()["cordoned"] is True
+    (inc,) = c.incidents("job")
+    assert inc["id"] == opened
+    assert (inc["trigger"], inc["cause"], inc["level"]) == ("manual", "operator", "exclude_node")
+    assert sorted((x["node"], x["action"]) for x in inc["commands"]) == [
+        ("n1", "exclude_node"),
+        ("n2", "launcher"),
+    ]
+    assert inc["decisions"][-1]["leave"] == "n1 leaves job job: its launcher is ended"
+    # Carried out as the engine's exclusion: the node leaves, the others resume.
+    ids = {x["action"]: x["id"] for x in inc["commands"]}
+    c.ack(ids["exclude_node"], "n1", "delivered", "torn_down", detail="ended pid 7 with SIGTERM")
+    c.ack(ids["launcher"], "n2", "delivered", "torn_down", "restarted", "resumed")
+    (inc,) = c.incidents("job")
+    assert (inc["status"], inc["outcome"]) == ("resolved", "resumed without n1")
+    # A second cordon changes nothing and needs no force.
+    r = c.client.post("/api/v1/nodes/n1/cordon", json={"reason": "again"})
+    assert r.status_code == 200 and r.json()["changed"] is False and r.json()["incidents"] == []

@@ -57,10 +57,11 @@ def test_a_node_is_readmitted_after_its_simulated_reboot(make_cluster: Any) -> N
 
 def test_a_node_cordoned_again_and_again_is_flagged_for_repair(make_cluster: Any) -> None:
     c = make_cluster(READMIT)
-    c.job("job", {"n1": (0,), "n2": (1,)})
+    c.post("n1")  # the node, before the job (an operator's cordon of live ranks needs force)
     for _ in range(2):
         assert c.client.post("/api/v1/nodes/n1/cordon", json={"reason": "flaky"}).status_code == 200
         assert c.client.post("/api/v1/nodes/n1/uncordon", json={}).status_code == 200
+    c.job("job", {"n1": (0,), "n2": (1,)})
     _gpu(c, "n1", lost=False)
     c.event("n1", "xid", xid=79, gpu_uuid="GPU-n1-0")
     c.decide()
