@@ -101,6 +101,18 @@ def bench_stragglers(
     )
 
 
+@app.command("decode")
+def bench_decode(
+    loops: Annotated[int, typer.Option(min=1, help="decodes per repeat")] = 2000,
+    repeats: Annotated[int, typer.Option(min=1, help="the median of these is reported")] = 7,
+) -> None:
+    """In process: decoding an ingest body of 64 samples and one of 64 events (each
+    kind's data as its producer makes it), JSON and MessagePack, per batch and event."""
+    from trainguard.backend.bench.decode import run
+
+    _print_report(run(loops=loops, repeats=repeats))
+
+
 @app.command("decision")
 def bench_decision(
     events: Annotated[int, typer.Option(min=1, help="evidence events to time")] = 200,
