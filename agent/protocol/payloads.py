@@ -5,7 +5,7 @@ On the wire both stay JSON objects of scalars (`dict[Short, Scalar]`), so the sa
 goes over the wire as before. `Event` and `Command` check their `data`/`params` against
 the kind's (the action's) Struct when they are made or decoded, so a wrongly typed or
 out-of-bounds field is refused with the same 422 as any other field, naming it:
-"Expected `int` >= 0, in a rank_exit event - at `$.events[3].data.pid`".
+"Expected `int` >= 0, in rank_exit data - at `$.events[3].data.pid`".
 
 The rule for keys, the same for every kind and action:
 - a key listed here must have its type and bounds; null is the same as absent;
@@ -254,13 +254,13 @@ class StopJobParams(CommandParams):
 def event_data(kind: str, data: dict[str, Any]) -> EventData:
     """`data` of a `kind` event as its Struct (EventData for free-form kinds); raises
     ValueError naming the field (`data.<key>`) and the kind."""
-    return _convert(data, EVENT_DATA.get(kind, EventData), f"a {kind} event", "data")
+    return _convert(data, EVENT_DATA.get(kind, EventData), f"{kind} data", "data")
 
 
 def command_params(action: str, params: dict[str, Any]) -> CommandParams:
     """`params` of an `action` command as its Struct; raises ValueError naming the field."""
     tp = COMMAND_PARAMS.get(action, CommandParams)
-    return _convert(params, tp, f"a {action} command", "params")
+    return _convert(params, tp, f"{action} params", "params")
 
 
 T = TypeVar("T")
@@ -271,14 +271,14 @@ def check_event_data(data: dict[str, Any], tp: type[EventData], kind: str) -> No
     try:
         msgspec.convert(data, tp)
     except msgspec.ValidationError:
-        _convert(data, tp, f"a {kind} event", "data")
+        _convert(data, tp, f"{kind} data", "data")
 
 
 def _convert(obj: dict[str, Any], tp: type[T], what: str, where: str) -> T:
     try:
         return msgspec.convert(obj, tp)
     except msgspec.ValidationError as exc:
-        # "Expected `int` >= 0 - at `$.pid`" -> "Expected `int` >= 0, in a hang event -
+        # "Expected `int` >= 0 - at `$.pid`" -> "Expected `int` >= 0, in hang data -
         # at `data.pid`"; msgspec adds the path to the event (wire.join_path joins them).
         text, _, path = str(exc).partition(" - at `$")
         raise ValueError(f"{text}, in {what} - at `{where}{path or '`'}") from None

@@ -73,7 +73,7 @@ def test_a_bad_field_of_each_kind_is_refused_naming_it(
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
     assert f"- at `$.events[1].data.{key}`" in detail, detail
-    assert f"in a {kind} event" in detail, detail
+    assert f"in {kind} data" in detail, detail
     assert stored(db_url) == ([], 0)  # nothing of the batch, not even the good event
 
 
@@ -81,7 +81,7 @@ def test_a_bad_field_in_a_msgpack_body_is_named_the_same(live_url: str, db_url: 
     bad = {"kind": "rank_exit", "ts": T, "job": "j", "rank": 0, "data": {"exit_code": 1.5}}
     r = post(live_url, body(bad), msgpack=True)
     assert r.status_code == 422, r.text
-    assert "got `float`, in a rank_exit event - at `$.events[0].data.exit_code`" in r.text
+    assert "got `float`, in rank_exit data - at `$.events[0].data.exit_code`" in r.text
     assert stored(db_url) == ([], 0)
 
 
