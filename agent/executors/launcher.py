@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.agent.ranks.liveness import launcher_pid, running
 from trainguard.agent.ranks.server import LocalServer
+from trainguard.protocol.payloads import LauncherParams, StopJobParams
 from trainguard.protocol.wire import Command, Phase
 
 
@@ -38,10 +39,6 @@ class LauncherRestart:
         def _already_restarted(self, cmd: Command, level: str) -> list[Any] | None: ...
 
         def _report_served(self, cmd: Command, recs: list[Any]) -> None: ...
-
-    def _param(self, cmd: Command, name: str, default: float) -> float:
-        value = cmd.params.get(name)
-        return float(value) if isinstance(value, int | float) else default
 
     def _follow_launcher(self, cmd: Command, known: list[Any], acked: Collection[str] = ()) -> None:
         """The job's workers here are gone (or going): the command ended them, or their
@@ -95,7 +92,9 @@ class LauncherRestart:
 
     def _launcher(self, cmd: Command) -> None:
         local, job = self.local, cmd.job
-        grace = self._param(cmd, "grace_s", self.grace_s)
+        params = cmd.typed_params()
+        grace = params.grace_s if isinstance(params, LauncherParams) else None
+        grace = self.grace_s if grace is None else grace
         with local.cond:
             recs = local.job_ranks(job)
             known = list(local.job_ranks(job, alive_only=False))
@@ -166,7 +165,9 @@ class LauncherRestart:
             except PermissionError:
                 self._ack(cmd.id, "failed", time.time(), f"not permitted to signal pid {pid}")
                 return
-        timeout = self._param(cmd, "timeout_s", self.stop_timeout_s)
+        params = cmd.typed_params()
+        timeout = params.timeout_s if isinstance(params, StopJobParams) else None
+        timeout = self.stop_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(running(p) for p in targets):
             time.sleep(0.05)
