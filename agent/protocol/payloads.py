@@ -16,8 +16,9 @@ The rule for keys, the same for every kind and action:
   theirs is typed.
 Bounds are those the producer already keeps (a pid is >= 0, a phase the agent cuts to
 64 characters); a value that comes from a training script through the SDK is typed but
-not narrowed further than the SDK's own message (a checkpoint's step is any int64), so
-an existing agent's batches still decode.
+not narrowed further than the SDK's own message (a checkpoint's step is any int), so an
+existing agent's batches still decode, and the agent cannot fail to make an event from
+what a rank said.
 
 Adding an event kind: its Struct here and its entry in EVENT_DATA (a kind with no entry
 has free-form data). Adding a command action: nothing here if it takes only the common
@@ -40,8 +41,11 @@ Text = Annotated[str, Meta(max_length=4096)]
 Ts = Annotated[float, Meta(ge=0.0, le=1e11)]
 NonNegF = Annotated[float, Meta(ge=0.0)]
 Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
-Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-Pid = Count  # as RankStatus.pid (a kernel log's pid, or what a rank said it is)
+# What a rank said through the SDK (attempt, step, pid) is bounded as the SDK's message
+# bounds it (messages.py, RankStatus): >= 0 with no upper bound, so the agent cannot fail
+# to make an event of any value it took from a rank.
+NonNeg = Annotated[int, Meta(ge=0)]
+Pid = NonNeg
 Signal = Annotated[int, Meta(ge=0, le=255)]
 Id64 = Annotated[str, Meta(max_length=64)]
 
@@ -67,8 +71,8 @@ class XidData(EventData):
     pci: Short | None = None  # normalised bus id, 0000:18:00
     pid: Pid | None = None  # the process the kernel log names
     process: Text | None = None
-    gpu_instance: Count | None = None  # MIG instances
-    compute_instance: Count | None = None
+    gpu_instance: NonNeg | None = None  # MIG instances (a kernel log's digits)
+    compute_instance: NonNeg | None = None
 
 
 class GpuLostData(XidData):
@@ -82,8 +86,8 @@ class RankStartData(EventData):
     pid: Pid | None = None
     local_rank: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None
     world_size: Annotated[int, Meta(ge=1, le=2**31 - 1)] | None = None
-    attempt: Count | None = None
-    iteration: Count | None = None
+    attempt: NonNeg | None = None
+    iteration: NonNeg | None = None
     launcher: Short | None = None
     in_process: bool | None = None
     display_name: Short | None = None
@@ -91,11 +95,11 @@ class RankStartData(EventData):
 
 class RankExitData(EventData):
     pid: Pid | None = None
-    exit_code: Int64 | None = None  # the exit status, or what the rank said (sys.exit)
+    exit_code: int | None = None  # the exit status, or what the rank said (sys.exit)
     signal: Signal | None = None  # the signal that ended it
     clean: bool | None = None
     uncaught: Short | None = None  # the type of an exception nothing caught
-    last_step: Count | None = None
+    last_step: NonNeg | None = None
     stop_signal: Signal | None = None  # SIGINT/SIGTERM, as its exit shows
     signalled_by: Short | None = None  # "stop_job <command>", "launcher restart <command>"
     reaped: bool | None = None  # its launcher reaped it before the agent read its status
@@ -104,7 +108,7 @@ class RankExitData(EventData):
 
 class ExceptionData(EventData):
     type: Short | None = None
-    step: Int64 | None = None
+    step: int | None = None
     pid: Pid | None = None
     uncaught: bool | None = None
     thread: Short | None = None
@@ -112,7 +116,7 @@ class ExceptionData(EventData):
 
 class HangData(EventData):
     pid: Pid | None = None
-    last_step: Count | None = None
+    last_step: NonNeg | None = None
     stalled_s: NonNegF | None = None
     threshold_s: NonNegF | None = None
 
@@ -135,23 +139,23 @@ class StragglerData(EventData):
     reference_step_s: NonNegF | None = None
     threshold: float | None = None
     windows: Count | None = None
-    attempt: Count | None = None
-    iteration: Count | None = None
+    attempt: NonNeg | None = None
+    iteration: NonNeg | None = None
     reason: Short | None = None
 
 
 class CheckpointData(EventData):
     phase: Annotated[str, Meta(max_length=64)] | None = None  # save_start, save_end, ...
-    step: Int64 | None = None
+    step: int | None = None
     blocking_s: float | None = None  # the rank's clock: not narrowed
     ok: bool | None = None
 
 
 class RestartData(EventData):
     level: Short | None = None  # in_process | launcher
-    attempt: Count | None = None
-    iteration: Count | None = None
-    previous: Count | None = None  # the iteration before an in-process restart
+    attempt: NonNeg | None = None
+    iteration: NonNeg | None = None
+    previous: NonNeg | None = None  # the iteration before an in-process restart
     phase: Short | None = None  # "raised": a rank raised the agent's request
     request: Id64 | None = None
 
@@ -211,11 +215,11 @@ class CommandParams(msgspec.Struct, omit_defaults=True, gc=False):
     served). A key not listed is let through."""
 
     # The job's ranks on the node, "0,1" (params are scalars).
-    ranks: Annotated[str, Meta(max_length=16384, pattern=r"^(\d+(,\d+)*)?$")] | None = None
+    ranks: Annotated[str, Meta(max_length=65536, pattern=r"^(\d+(,\d+)*)?$")] | None = None
     cause: Id64 | None = None
     fault_at: Ts | None = None
-    attempt: Count | None = None
-    iteration: Count | None = None
+    attempt: NonNeg | None = None
+    iteration: NonNeg | None = None
 
     def wire(self) -> dict[str, Any]:
         """The JSON object for `Command.params` (absent fields left out)."""
