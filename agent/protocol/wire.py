@@ -69,7 +69,8 @@ RankNo = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 Launcher = Literal["torchrun", "ft_launcher", "slurm", "none"]
 
 # Discrete facts. Extending this list is a wire change: bump nothing, old agents keep
-# working, but an old backend refuses the new kind with a clear 422.
+# working, but an old backend refuses the new kind with a clear 422. Each kind's data
+# has its Struct in payloads.py (EVENT_DATA; the keys noted here are the main ones).
 EventKind = Literal[
     "xid",  # an XID error on a GPU (data: xid, pci, pid, process, source=nvml|kmsg|injected)
     "gpu_lost",  # NVML_ERROR_GPU_IS_LOST on a device
