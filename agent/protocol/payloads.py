@@ -267,15 +267,15 @@ def command_params(action: str, params: dict[str, Any]) -> CommandParams:
     return _convert(params, tp, f"{action} params", "params")
 
 
-T = TypeVar("T")
-
-
 def check_event_data(data: dict[str, Any], tp: type[EventData], kind: str) -> None:
     """`event_data` for Event.__post_init__, on every event decoded: the fast path."""
     try:
         msgspec.convert(data, tp)
     except msgspec.ValidationError:
         _convert(data, tp, f"{kind} data", "data")
+
+
+T = TypeVar("T")
 
 
 def _convert(obj: dict[str, Any], tp: type[T], what: str, where: str) -> T:
