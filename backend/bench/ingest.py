@@ -70,9 +70,11 @@ class _Node:
         uuids = [f"GPU-bench-{name}-{i}" for i in range(gpus)]
         self.inventory = [wire.GpuInfo(uuid=u, index=i) for i, u in enumerate(uuids)]
         # Its rank table, in every batch as an agent sends it (`--ranks`; None: none,
-        # so the backend's rank statements, `_unlisted_ranks` among them, do not run).
+        # so the backend's rank statements, `_unlisted_ranks` among them, do not run):
+        # ranks of one job over every node of the run, as the goal's one large job.
+        first = int(name.rsplit("-", 1)[1]) * ranks
         self.ranks = [
-            wire.RankStatus(job=f"job-{name}", rank=r, pid=1000 + r, local_rank=r, world_size=ranks)
+            wire.RankStatus(job="bench", rank=first + r, pid=1000 + r, local_rank=r)
             for r in range(ranks)
         ] or None
         # The node's samples are built once and refreshed in place for each batch: the
