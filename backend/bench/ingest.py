@@ -72,7 +72,7 @@ class _Node:
         # Its rank table, in every batch as an agent sends it (`--ranks`; None: none,
         # so the backend's rank statements, `_unlisted_ranks` among them, do not run):
         # ranks of one job over every node of the run, as the goal's one large job.
-        first = int(name.rsplit("-", 1)[1]) * ranks
+        first = int(name.rsplit("-", 1)[-1]) * ranks if ranks else 0  # bench-00012
         self.ranks = [
             wire.RankStatus(job="bench", rank=first + r, pid=1000 + r, local_rank=r)
             for r in range(ranks)
