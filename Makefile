@@ -15,11 +15,13 @@ NVRX_NEW ?= 0.7.0
 VENV_NEW := .venv-nvrx07
 # The tests that start real launchers and Wrappers: NVRx's restarts, 0.7's differences, the
 # matrix's ft_launcher cells that CI runs, the README's script, capabilities, the demo, and
-# a user's SIGTERM to ft_launcher.
+# a user's SIGTERM to ft_launcher, and the timeouts ranks report under them.
 NVRX_TESTS ?= tests/restarts/test_nvrx_restarts.py tests/restarts/test_nvrx_versions.py \
 	tests/restarts/test_launcher_matrix.py \
 	tests/restarts/test_capabilities.py tests/restarts/test_launcher_flags.py tests/test_demo.py \
-	"tests/restarts/test_job_states.py::test_a_job_its_user_stops_ends_stopped_with_no_incident[ft_launcher-2n-sigterm]"
+	tests/restarts/test_timeouts_reported.py \
+	"tests/restarts/test_job_states.py::test_a_job_its_user_stops_ends_stopped_with_no_incident[ft_launcher-2n-sigterm]" \
+	"tests/restarts/test_exclusion_spare.py::test_an_excluded_node_leaves_the_job_and_the_spare_takes_its_place[ft_launcher]"
 
 .PHONY: venv venv-nvrx07 demo test test-fast test-nvrx07 lint chromium clean
 
@@ -47,8 +49,9 @@ chromium:
 demo: venv
 	$(BIN)/trainguard demo --port $(PORT)
 
-# The checks the code's habits rely on run first: lint, format, types (.ci/typecheck lays
-# out the installed trainguard namespace for mypy), then every test, slow ones included.
+# The checks the code's habits rely on run first: lint, format, types (.ci/typecheck runs
+# mypy, import-linter and pyright over .ci/namespace, the installed trainguard namespace as
+# committed links), then every test, slow ones included.
 test: venv chromium lint
 	$(BIN)/python -m pytest
 	$(MAKE) test-nvrx07

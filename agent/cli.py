@@ -117,7 +117,9 @@ def _add_local_components(agent_obj: Any) -> None:
     except OSError as exc:  # no well-known place for the SDK socket is usable
         fail(f"agent: {exc}")
     agent_obj.add_component(local)
-    agent_obj.add_component(CommandLoop(agent_obj, local))
+    loop = CommandLoop(agent_obj, local)
+    local.restart_wait_s = loop.restarted_timeout_s
+    agent_obj.add_component(loop)
     if agent_obj.config.store_port:
         from trainguard.agent.executors.storehost import StoreHost
 

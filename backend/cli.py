@@ -175,7 +175,9 @@ def demo(
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     data_dir: Annotated[Path, typer.Option(help="demo state (wiped at start)")] = Path("data/demo"),
-    nodes: Annotated[int, typer.Option(min=1, max=64, help="simulated nodes")] = 2,
+    nodes: Annotated[
+        int, typer.Option(min=1, max=64, help="simulated nodes (from 3 on, one is a hot spare)")
+    ] = 3,
     gpus: Annotated[int, typer.Option(min=1, max=16, help="simulated GPUs per node")] = 2,
     job: Annotated[bool, typer.Option(help="run the demo training job with seeded faults")] = True,
     launcher: Annotated[

@@ -130,6 +130,31 @@ class StartWatch:
             return True
 
 
+def spares(nodes: int) -> int:
+    """Hot spares among the demo's nodes: one from three nodes on (two train, one waits)."""
+    return 1 if nodes >= 3 else 0
+
+
+class Scheduler:
+    """What a cluster's scheduler does for the demo's imitated nodes: a node that left the
+    job (trainguard excluded it and its agent ended the node's launcher) gets a launcher
+    again once it is readmitted, and waits there as the job's new hot spare."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+
+    def cordoned(self, node: str) -> bool | None:
+        """Whether the node is cordoned (None: the server did not say)."""
+        req = Request(
+            f"{self.url}/api/v1/nodes/{node}", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        try:
+            with urlopen(req, timeout=5) as resp:
+                return bool(json.load(resp).get("cordoned"))
+        except (URLError, OSError, ValueError):
+            return None
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainguard.agent.cli", *args]
 
@@ -302,9 +327,27 @@ def run_demo(
         )
         run, current = 1, list(job)
         starts = StartWatch(url, token)
+        scheduler = Scheduler(url, token)
         next_run: float | None = None  # when the next run starts, once the current one ended
-        next_reap = time.monotonic()
+        next_reap = next_check = time.monotonic()
         while all(p.poll() is None for p in core):
+            if spares(nodes) and time.monotonic() >= next_check and current:
+                next_check += 5.0
+                for i, p in enumerate(current):
+                    name = f"demo-node-{i}"
+                    if p.poll() is None or all(q.poll() is not None for q in current):
+                        continue
+                    if scheduler.cordoned(name) is False:
+                        (back,) = _launch_job(
+                            data_dir, store_port, sockets, env, run, launcher, only=i
+                        )
+                        current[i] = back
+                        job.append(back)
+                        print(
+                            f"trainguard demo: {name} readmitted: its launcher runs again, "
+                            "as the job's hot spare",
+                            flush=True,
+                        )
             if current and all(p.poll() is not None for p in current):
                 # The job finished (or gave up): start the next run, new seed, so the
                 # dashboard keeps showing a live job until Ctrl-C; after runs that never
@@ -397,6 +440,13 @@ def _start_job(
     started = _launch_job(data_dir, store_port, sockets, env, 1, launcher)
     procs.extend(started)
     n = len(started)
+    spare = (
+        f";\n             {n - spares(n)} nodes train and demo-node-{n - 1} waits as a hot "
+        "spare: an excluded node leaves the job, the spare takes its place, and the "
+        "readmitted node becomes the new spare"
+        if spares(n)
+        else ""
+    )
     how = (
         f"{n} ft_launchers x {RANKS_PER_NODE} ranks under NVRx's Wrapper (from warm pools);\n"
         f"             the {n} launchers imitate {n} nodes on this one host, so they run "
@@ -409,6 +459,7 @@ def _start_job(
         f"'demo-1', {how};\n"
         f"             steps of {STEP_SLEEP_S:g} s, {FAULTS} seeded faults (seed 42) from step "
         f"{FAULT_AFTER_STEP} on, a new run when one ends (logs in {data_dir / 'job-1'})"
+        f"{spare}"
     )
 
 
@@ -419,7 +470,11 @@ def _launch_job(
     env: dict[str, str],
     run: int,
     launcher: str | None,
+    only: int | None = None,
 ) -> list[subprocess.Popen[bytes]]:
+    """The run's launchers (or node `only`'s): all but the spares train, the spares wait
+    in the rendezvous, which is served by the first node's agent's store (no launcher
+    hosts it, so none takes it along when its node leaves the job)."""
     assert store_port is not None and launcher is not None
     return demojob.launch(
         data_dir / f"job-{run}",
@@ -438,6 +493,10 @@ def _launch_job(
         extra_args=["--gloo-timeout", str(GLOO_TIMEOUT_S)],
         shim=True,
         launcher=launcher,
+        nnodes=len(sockets) - spares(len(sockets)),
+        rdzv_port=store_port,
+        rdzv_host=False,
+        only=only,
     )
 
 

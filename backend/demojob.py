@@ -147,6 +147,7 @@ def launcher_command(
     script: str | os.PathLike[str] = TRAIN_SCRIPT,
     shim: bool = False,
     launcher: str = "ft_launcher",
+    rdzv_host: bool = True,
 ) -> list[str]:
     """The launcher line: ft_launcher with the measured flags it accepts, or (`launcher`
     "torchrun", a job without NVRx) the README's torchrun line, to run with
@@ -166,6 +167,7 @@ def launcher_command(
         *("--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)),
         *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}"),
         *("--rdzv-id", job, "--max-restarts", str(max_restarts)),
+        *(() if rdzv_host else ("--rdzv-conf", "is_host=0")),
         *flags,
         *(worker_shim() if shim else []),
         str(script),
@@ -210,10 +212,19 @@ def launch(
     env: dict[str, str] | None = None,
     shim: bool = False,
     launcher: str = "ft_launcher",
+    nnodes: int | None = None,
+    rdzv_host: bool = True,
+    only: int | None = None,
 ) -> list[subprocess.Popen[bytes]]:
     """One launcher per agent socket (= per imitated node); returns the launchers.
     `launcher` "ft_launcher" (the Wrapper inside) or "torchrun" (no NVRx: launcher
-    restarts only). Their output goes to <workdir>/launcher-<i>.log."""
+    restarts only). Their output goes to <workdir>/launcher-<i>.log.
+
+    `nnodes`: the round's size (default: one node per socket); a launcher beyond it waits
+    as a hot spare. `rdzv_host` False: no launcher hosts the rendezvous store, which is
+    already served at `rdzv_port` (the first node's agent's store), so a node that leaves
+    the job does not take it along. `only`: start node `only`'s launcher alone (a node
+    back from repair, as its scheduler would)."""
     if launcher not in ("ft_launcher", "torchrun"):
         raise ValueError(f"launcher must be ft_launcher or torchrun, not {launcher!r}")
     work = Path(workdir).resolve()
@@ -253,6 +264,8 @@ def launch(
     train_args += extra_args or []
     procs = []
     for i, sock in enumerate(agent_sockets):
+        if only is not None and i != only:
+            continue
         child_env = dict(os.environ)
         if launcher == "ft_launcher":
             child_env.update(simulation_env(len(agent_sockets)))
@@ -269,7 +282,7 @@ def launch(
             PYTHONWARNINGS=",".join(filter(None, [child_env.get("PYTHONWARNINGS"), _QUIET_PYNVML])),
         )
         cmd = launcher_command(
-            len(agent_sockets),
+            nnodes or len(agent_sockets),
             nproc_per_node,
             rdzv_port,
             job,
@@ -277,6 +290,7 @@ def launch(
             train_args,
             shim=shim,
             launcher=launcher,
+            rdzv_host=rdzv_host,
         )
         log = open(work / f"launcher-{i}.log", "ab")  # noqa: SIM115 - owned by the child
         procs.append(

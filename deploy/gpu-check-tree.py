@@ -12,7 +12,8 @@
   and `importlib.metadata.version("trainguard")` answers.
 
 Then `PYTHONPATH=DEST:$PYTHONPATH python -m trainguard.agent.cli server` runs the checkout's
-code. DEST is replaced. (.ci/typecheck links file by file instead, for mypy.)
+code. DEST is replaced. (.ci/namespace, the committed tree the type checkers read, links
+agent/ module by module instead, so agent/sdk/ is not also trainguard.agent.sdk.)
 """
 
 from __future__ import annotations

@@ -51,10 +51,10 @@ def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path, launc
 
         def nodes_with_gpus() -> list[dict]:
             nodes = [n for n in api.get("/nodes").json() if n["gpu_count"] == 2]
-            return nodes if len(nodes) == 2 else []
+            return nodes if len(nodes) == 3 else []
 
-        nodes = wait_for(nodes_with_gpus, 60)  # both agents' first batches
-        assert {n["name"] for n in nodes} == {"demo-node-0", "demo-node-1"}
+        nodes = wait_for(nodes_with_gpus, 60)  # the three agents' first batches
+        assert {n["name"] for n in nodes} == {"demo-node-0", "demo-node-1", "demo-node-2"}
         assert all(n["simulated"] for n in nodes)
         # The real torch.distributed job reports steps from all 4 ranks.
         job = wait_for(
@@ -63,9 +63,12 @@ def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path, launc
         assert job["name"] == "demo-1" and job["world_size"] == 4
         ranks = api.get(f"/jobs/{job['name']}").json()["ranks"]
         assert {r["rank"] for r in ranks} == {0, 1, 2, 3}
+        # Two nodes train; the third's launcher waits as the hot spare.
+        assert len({r["node"] for r in ranks}) == 2, ranks
         banner = log.read_text()
+        assert "waits as a hot spare" in banner
         if launcher == "torchrun":
-            assert "2 torchruns x 2 ranks" in banner
+            assert "3 torchruns x 2 ranks" in banner
             assert {(r["launcher"], r["in_process"]) for r in ranks} == {("torchrun", False)}
         else:
             assert "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE=1" in banner

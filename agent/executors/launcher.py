@@ -8,16 +8,19 @@ levels fall back to when the job's workers here are gone.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from trainguard.agent.ranks.liveness import launcher_pid, running
+from trainguard.agent.ranks.liveness import launcher_pid, proc_info, running
 from trainguard.agent.ranks.server import LocalServer
-from trainguard.protocol.payloads import LauncherParams, StopJobParams
+from trainguard.protocol.payloads import ExcludeNodeParams, LauncherParams, StopJobParams
 from trainguard.protocol.wire import Command, Phase
+
+log = logging.getLogger(__name__)
 
 
 class LauncherRestart:
@@ -146,14 +149,38 @@ class LauncherRestart:
 
         The launcher is found from the job's ranks alive or recently exited here, so a
         launcher between two generations is found too."""
+        params = cmd.typed_params()
+        timeout = params.timeout_s if isinstance(params, StopJobParams) else None
+        timeout = self.stop_timeout_s if timeout is None else timeout
+        self._end_launchers(cmd, f"stop_job {cmd.id}", timeout, kill=False)
+
+    def _leave(self, cmd: Command) -> None:
+        """exclude_node: this node leaves the job. SIGTERM to the job's launcher here, as
+        stop_job, then SIGKILL to it and its workers once `grace_s` is over (a launcher
+        that ignores SIGTERM must not keep the node in the job). A launcher ended by a
+        signal leaves the rendezvous open (torchrun and ft_launcher close it only when
+        they end by themselves): the job's other nodes re-form without this one, on a
+        spare launcher waiting beyond `--nnodes` MAX, or with fewer nodes where MIN
+        allows. `torn_down` once everything of the job here is gone, saying how."""
+        params = cmd.typed_params()
+        grace = params.grace_s if isinstance(params, ExcludeNodeParams) else None
+        grace = self.stop_timeout_s if grace is None else grace
+        self._end_launchers(cmd, f"exclude_node {cmd.id}", grace, kill=True)
+
+    def _end_launchers(self, cmd: Command, tag: str, timeout: float, *, kill: bool) -> None:
+        """SIGTERM to the job's launchers here (or its ranks, where none respawns them),
+        waiting `timeout` for them to end; past it SIGKILL to what is left of them and
+        their workers when `kill`, else `failed`."""
         local, job = self.local, cmd.job
         with local.cond:
             recs = local.job_ranks(job, alive_only=False)
-            targets = {p for r in recs if (p := launcher_pid(r)) is not None and running(p)}
-            targets |= {r.pid for r in recs if r.alive and launcher_pid(r) is None}
+            launchers = {p for r in recs if (p := launcher_pid(r)) is not None and running(p)}
+            targets = {p: info.start_ticks for p in launchers if (info := proc_info(p))}
+            workers = {r.pid: r.start_ticks for r in recs if r.alive}
+            targets |= {r.pid: r.start_ticks for r in recs if r.alive and launcher_pid(r) is None}
             for r in recs:
                 if r.alive:
-                    r.signalled_by = f"stop_job {cmd.id}"
+                    r.signalled_by = tag
         if not targets:
             self._ack(cmd.id, "failed", time.time(), f"no live rank of job {job} on this node")
             return
@@ -165,23 +192,36 @@ class LauncherRestart:
             except PermissionError:
                 self._ack(cmd.id, "failed", time.time(), f"not permitted to signal pid {pid}")
                 return
-        params = cmd.typed_params()
-        timeout = params.timeout_s if isinstance(params, StopJobParams) else None
-        timeout = self.stop_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(running(p) for p in targets):
+        while time.monotonic() < deadline and not self._all_gone(targets):
             time.sleep(0.05)
-        left = sorted(p for p in targets if running(p))
-        if left:
-            self._ack(
-                cmd.id,
-                "failed",
-                time.time(),
-                f"pid {left[0]} still runs {timeout:g} s after SIGTERM",
-            )
-            return
         pids = ", ".join(map(str, sorted(targets)))
-        self._ack(cmd.id, "torn_down", time.time(), f"ended pid {pids} with SIGTERM")
+        left = sorted(p for p, st in targets.items() if running(p, st))
+        if not left:
+            self._ack(cmd.id, "torn_down", time.time(), f"ended pid {pids} with SIGTERM")
+            return
+        if not kill:
+            why = f"pid {left[0]} still runs {timeout:g} s after SIGTERM"
+            self._ack(cmd.id, "failed", time.time(), why)
+            return
+        log.warning(
+            "command %s: pid %s still ran %g s after SIGTERM: SIGKILL", cmd.id, left, timeout
+        )
+        everything = {**targets, **workers}
+        self._signal_all(everything, signal.SIGKILL)
+        deadline = time.monotonic() + self.torn_down_timeout_s
+        while time.monotonic() < deadline and not self._all_gone(everything):
+            time.sleep(0.05)
+        if not self._all_gone(everything):
+            self._ack(cmd.id, "failed", time.time(), f"pid {left[0]} did not end on SIGKILL")
+            return
+        killed = ", ".join(map(str, left))
+        self._ack(
+            cmd.id,
+            "torn_down",
+            time.time(),
+            f"ended pid {pids}: pid {killed} ignored SIGTERM for {timeout:g} s and was killed",
+        )
 
     def _all_gone(self, victims: dict[int, int]) -> bool:
         return not any(running(pid, st) for pid, st in victims.items())

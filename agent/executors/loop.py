@@ -17,8 +17,10 @@ was observed, via `POST /api/v1/commands/{id}/acks`:
   launcher passes it to its workers and exits); torn_down = every launcher of the job
   here is gone. `failed` when its ranks have no launcher the agent may signal, or one
   outlives `stop_timeout_s`: the launcher then still restarts the job by itself.
-- exclude_node is not carried out by this executor (cordon hooks are the backend's); it
-  is acked `failed` with the reason.
+- exclude_node: this node leaves the job (the backend cordoned it): SIGTERM to the job's
+  launcher here, SIGKILL to it and its workers after `grace_s`; torn_down = everything
+  of the job here is gone. A launcher ended by a signal leaves the rendezvous open, so
+  the other nodes re-form without this one (on a spare, or fewer where elastic).
 
 When the job's workers here are already gone, or die during an in_process restart (also
 after re-entering, before their first step), while their launcher lives (ft_launcher
@@ -304,13 +306,8 @@ class CommandLoop(InProcessRestart):
                 self._launcher(cmd)
             elif cmd.action == "stop_job":
                 self._stop_job(cmd)
-            else:
-                self._ack(
-                    cmd.id,
-                    "failed",
-                    time.time(),
-                    f"{cmd.action} is carried out by the backend's cordon hook, not the agent",
-                )
+            else:  # exclude_node
+                self._leave(cmd)
         except Exception as exc:  # a command must always end in an ack
             log.exception("command %s failed", cmd.id)
             self._ack(cmd.id, "failed", time.time(), f"{type(exc).__name__}: {exc}")

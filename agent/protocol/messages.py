@@ -74,6 +74,10 @@ class Identity(Message):
     # (TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RESTART_COUNT); None: no such launcher.
     max_restarts: Any = UNSET
     restart_count: Any = UNSET
+    # The timeouts the rank can read (seconds by the field names of wire.Timeouts: its
+    # process group's, its launcher's, its Wrapper's, its longest checkpoint save); the
+    # agent keeps each value the HTTP wire accepts and drops another.
+    timeouts: Any = UNSET
 
 
 class Hello(Identity, tag="hello"):

@@ -160,6 +160,16 @@ class RestartData(EventData):
     request: Id64 | None = None
 
 
+class TimeoutsData(EventData):
+    """The backend's own rows (backend/jobs/timeouts.py): a rule of the timeout hierarchy
+    the job breaks; no agent sends one today."""
+
+    code: Short | None = None
+    fix: Text | None = None
+    shorter_s: float | None = None
+    longer_s: float | None = None
+
+
 class CommandEventData(EventData):
     """No agent sends these today; the live feed's command phases read the same."""
 
@@ -203,6 +213,7 @@ EVENT_DATA: dict[str, type[EventData]] = {
     "command": CommandEventData,
     "spool_gap": SpoolGapData,
     "agent_start": AgentStartData,
+    "timeouts": TimeoutsData,
 }
 
 
@@ -250,6 +261,11 @@ class LauncherParams(CommandParams):
 @params_for("stop_job")
 class StopJobParams(CommandParams):
     timeout_s: NonNegF | None = None  # how long the launcher has to exit
+
+
+@params_for("exclude_node")
+class ExcludeNodeParams(CommandParams):
+    grace_s: NonNegF | None = None  # SIGTERM to SIGKILL of the node's launcher (policy)
 
 
 # --- checks ---------------------------------------------------------------------------------

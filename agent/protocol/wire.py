@@ -85,6 +85,7 @@ EventKind = Literal[
     "command",  # command phases acked by the executor
     "spool_gap",  # the agent dropped data it could not deliver (data: samples, from, to)
     "agent_start",  # the agent process started (data: version, source)
+    "timeouts",  # a job's timeouts break the timeout hierarchy (data: code, fix, values)
     "log",  # anything else worth showing in the feed
 ]
 
@@ -171,6 +172,45 @@ class StepReport(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True,
     compute: NonNegF | None = None
 
 
+# Timeouts and intervals, in seconds. The bound refuses what no setting means (negative,
+# infinite, or beyond 2**31 s, some 68 years); "no timeout" is an absent value.
+MAX_TIMEOUT_S = float(2**31)
+Seconds = Annotated[float, Meta(ge=0.0, le=MAX_TIMEOUT_S)]
+
+
+class Timeouts(msgspec.Struct, omit_defaults=True, gc=False):
+    """The timeouts that decide who acts first on a fault of one rank, as far as they are
+    known (None: unknown, or no timeout). The SDK reads the rank's own; the agent adds
+    trainguard's. The backend checks them against the order of docs/restarts.md ("Timeout
+    hierarchy"). Unknown fields are ignored (not refused), so an agent that reports a
+    timeout more keeps its batches accepted by this backend."""
+
+    # torch.distributed's default process group: its collective timeout, and its backend.
+    collective_s: Seconds | None = None
+    collective_backend: Short | None = None
+    # The longest blocking checkpoint save the rank measured so far (`tg.checkpoint`).
+    checkpoint_save_s: Seconds | None = None
+    # The launcher, from its command line and environment: ft_launcher's rank heartbeat
+    # timeouts and check interval (NVRx FaultToleranceConfig), the worker monitor interval
+    # of torchrun and ft_launcher (--monitor-interval).
+    launcher_heartbeat_s: Seconds | None = None
+    launcher_initial_heartbeat_s: Seconds | None = None
+    launcher_check_interval_s: Seconds | None = None
+    monitor_interval_s: Seconds | None = None
+    # NVRx's inprocess.Wrapper running the rank.
+    wrapper_soft_s: Seconds | None = None
+    wrapper_hard_s: Seconds | None = None
+    wrapper_heartbeat_s: Seconds | None = None
+    wrapper_barrier_s: Seconds | None = None
+    wrapper_completion_s: Seconds | None = None
+    # trainguard's own, from the agent: the rank's hang threshold now (None until its pace
+    # is known), the first-step allowance, and how long a launcher restart command waits
+    # for the launcher to start new workers.
+    hang_s: Seconds | None = None
+    first_step_s: Seconds | None = None
+    restart_wait_s: Seconds | None = None
+
+
 class RankStatus(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """The agent's view of one rank on its node, sent every batch."""
 
@@ -192,6 +232,9 @@ class RankStatus(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True,
     # restarts it has used, as the workers' environment says (None: unknown).
     max_restarts: Count32 | None = None
     restart_count: Count32 | None = None
+    # The timeouts around the rank (Timeouts). Absent from older agents; an older backend
+    # refuses a batch that has it (422), as with every RankStatus field added.
+    timeouts: Timeouts | None = None
 
 
 class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -49,7 +49,7 @@ from trainguard.protocol.messages import (
     decode_from_sdk,
     encode,
 )
-from trainguard.protocol.wire import RankStatus
+from trainguard.protocol.wire import MAX_TIMEOUT_S, RankStatus
 
 __all__ = ["LocalServer", "ProcInfo", "RankRecord", "proc_info", "well_known_socket"]
 
@@ -147,6 +147,9 @@ class LocalServer:
         self.shared_socket = self.socket_path == socket_candidates()[0]
         self.table = RankTable(agent.outbox)
         self.liveness = Liveness(self.table, **liveness)
+        # How long a launcher restart command waits for new workers (the command loop's
+        # restarted_timeout_s, set where both are made), reported with the ranks' timeouts.
+        self.restart_wait_s: float | None = None
         self.rejects = RejectLog(reject_log_s)
         self.unknown_senders = 0  # messages from an address no identity message came from
         self.wakeups = 0  # times the loop woke up (datagrams, exits, deadlines, stop)
@@ -344,7 +347,18 @@ class LocalServer:
     def rank_statuses(self) -> list[RankStatus]:
         """The rank table (see RankTable.statuses)."""
         with self.cond:
-            return self.table.statuses()
+            return self.table.statuses(self._thresholds)
+
+    def _thresholds(self, rec: RankRecord) -> dict[str, float]:
+        """trainguard's own timeouts for a rank (wire.Timeouts): its hang threshold now,
+        once its pace is known, the first-step allowance, the launcher restart's wait."""
+        watch = self.liveness
+        out = {"first_step_s": max(watch.hang_min_s, watch.hang_first_step_s)}
+        if len(rec.intervals) >= 2:
+            out["hang_s"] = min(round(watch.hang_threshold(rec), 3), MAX_TIMEOUT_S)
+        if self.restart_wait_s is not None:
+            out["restart_wait_s"] = self.restart_wait_s
+        return out
 
     def wait_settled(self) -> None:
         """Return once `settle_s` has passed since the server started: the ranks already

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,16 @@ from trainguard.protocol.messages import (
     Steps,
     StepTiming,
 )
-from trainguard.protocol.wire import Event, Name, RankStatus, StepReport, wire_name
+from trainguard.protocol.wire import (
+    Event,
+    Name,
+    RankStatus,
+    Seconds,
+    Short,
+    StepReport,
+    Timeouts,
+    wire_name,
+)
 
 
 @dataclass
@@ -77,6 +87,9 @@ class RankRecord:
     display_name: str | None = None
     max_restarts: int | None = None  # the launcher's restart budget (--max-restarts)
     restart_count: int | None = None  # the restarts of it used
+    # wire.Timeouts' fields it declared; None: an SDK from before them, which gets no
+    # timeouts on its RankStatus either (an older backend refuses the field)
+    timeouts: dict[str, Any] | None = None
     hang_reported: bool = False
     in_checkpoint: bool = False
     restarting: bool = False  # an exception was reported; no hang checks until re-entry
@@ -98,6 +111,29 @@ def _wire_name(value: str | None) -> str | None:
         return msgspec.convert(value, Name)
     except msgspec.ValidationError:
         return None
+
+
+_TIMEOUT_FIELDS = {
+    name: (Short if name == "collective_backend" else Seconds)
+    for name in Timeouts.__struct_fields__
+}
+
+
+def _timeouts(value: Any) -> dict[str, Any]:
+    """The rank's declared timeouts that the HTTP wire accepts, each on its own: one odd
+    value is dropped, not the others."""
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for name, v in value.items():
+        tp = _TIMEOUT_FIELDS.get(name)
+        if tp is None or v is None or isinstance(v, bool):
+            continue
+        try:
+            out[name] = msgspec.convert(v, tp)
+        except msgspec.ValidationError:
+            continue
+    return out
 
 
 def _count(value: Any) -> int | None:
@@ -234,6 +270,8 @@ class RankTable:
             rec.max_restarts = _count(msg.max_restarts)
         if msg.restart_count is not UNSET:
             rec.restart_count = _count(msg.restart_count)
+        if msg.timeouts is not UNSET:
+            rec.timeouts = _timeouts(msg.timeouts)
 
     def apply(self, rec: RankRecord, msg: Message) -> None:
         """A message about what the rank does, by its type."""
@@ -354,10 +392,13 @@ class RankTable:
     def job_ranks(self, job: str, alive_only: bool = True) -> list[RankRecord]:
         return [r for r in self.ranks.values() if r.job == job and (r.alive or not alive_only)]
 
-    def statuses(self) -> list[RankStatus]:
+    def statuses(
+        self, thresholds: Callable[[RankRecord], dict[str, float]] | None = None
+    ) -> list[RankStatus]:
         """The table for the wire; an exited process is listed only while no live process
         holds its (job, rank), so a restarted rank is not reported dead next to its
-        successor."""
+        successor. `thresholds`: trainguard's own timeouts for a rank (the liveness
+        watch's), added to what the rank declared."""
         live = {(r.job, r.rank) for r in self.ranks.values() if r.alive}
         recs = [r for r in self.ranks.values() if r.alive or (r.job, r.rank) not in live]
         return [
@@ -377,6 +418,16 @@ class RankTable:
                 display_name=r.display_name,
                 max_restarts=r.max_restarts,
                 restart_count=r.restart_count,
+                timeouts=_rank_timeouts(r, thresholds),
             )
             for r in recs
         ][:1024]
+
+
+def _rank_timeouts(
+    rec: RankRecord, thresholds: Callable[[RankRecord], dict[str, float]] | None
+) -> Timeouts | None:
+    if rec.timeouts is None:
+        return None
+    values = {**rec.timeouts, **(thresholds(rec) if thresholds and rec.alive else {})}
+    return Timeouts(**values)

@@ -36,6 +36,7 @@ from trainguard.protocol.messages import (
 from trainguard.sdk import hooks
 from trainguard.sdk.identity import WRAP_MODULE, in_process_blocker, parent_pid, running_wrapper
 from trainguard.sdk.restart import RestartRequested, Restarts
+from trainguard.sdk.timeouts import RankTimeouts, wrapper_timeouts
 from trainguard.sdk.transport import Transport
 
 # Queued steps are sent at most this often. A step is sent at once when nothing was
@@ -131,6 +132,8 @@ class Session:
         self.max_restarts = max_restarts
         self.restart_count = restart_count
         self._detect_wrapper = in_process is None
+        self.timeouts = RankTimeouts(parent_pid())  # reported with the identity
+        self._beats = 0
         self.local_rank = local_rank
         self.in_process = bool(in_process) or (
             in_process is None and self._wrapper_can_restart(sys._getframe())
@@ -223,6 +226,7 @@ class Session:
             in_process=self.in_process,
             max_restarts=self.max_restarts,
             restart_count=self.restart_count,
+            timeouts=self.timeouts.current(),
             ts=time.time(),
             **extra,
         )
@@ -333,6 +337,7 @@ class Session:
             ok = True
         finally:
             t1 = time.time()
+            self.timeouts.saved(phase, t1 - t0)
             self._send(
                 Checkpoint(
                     phase=f"{phase}_end", step=step, ts=t1, blocking_s=round(t1 - t0, 6), ok=ok
@@ -403,6 +408,7 @@ class Session:
         wrapper = running_wrapper(frame)
         if wrapper is None:
             return False
+        self.timeouts.wrapper = wrapper_timeouts(wrapper)
         blocker = in_process_blocker(wrapper)
         if blocker is None:
             return True
@@ -417,10 +423,20 @@ class Session:
         return False
 
     def _heartbeat(self) -> None:
+        self._beats += 1
+        if self._beats % 10 == 1:
+            self.timeouts.look_for_ft_heartbeats()
         if self._detect_wrapper and not self.in_process and WRAP_MODULE in sys.modules:
             frame = sys._current_frames().get(self._owner_ident)
             self.in_process = frame is not None and self._wrapper_can_restart(frame)
             del frame
+        elif self.timeouts.wrapper is None and WRAP_MODULE in sys.modules:
+            # in_process declared outright: the Wrapper's timeouts are still its own
+            frame = sys._current_frames().get(self._owner_ident)
+            wrapper = running_wrapper(frame) if frame is not None else None
+            if wrapper is not None:
+                self.timeouts.wrapper = wrapper_timeouts(wrapper)
+            del frame, wrapper
         if not self._send(self._identity(Heartbeat)) and self._discover:
             # no agent yet, or it went away: an agent may listen in another well-known place
             path, _ = listening_candidate(os.environ)

@@ -30,6 +30,7 @@ from trainguard.backend.analytics.stragglers import (
     node_flags,
 )
 from trainguard.backend.cluster.service import event_dict
+from trainguard.backend.jobs import timeouts
 from trainguard.backend.models import Event, Job
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class AnalyticsMonitor:
         goodput_refresh_s: float = 60.0,
         idle_after_s: float = 300.0,
         is_leader: Callable[[], bool] | None = None,
+        timeouts_fresh_s: float = ACTIVE_WITHIN_S,
     ) -> None:
         self.sessions = sessions
         self.is_leader = is_leader
@@ -65,6 +67,8 @@ class AnalyticsMonitor:
         self.publish = publish
         self.goodput_refresh_s = goodput_refresh_s
         self.idle_after_s = idle_after_s
+        # Ranks heard within it are live for the timeout check (GET /jobs/{job}'s window).
+        self.timeouts_fresh_s = timeouts_fresh_s
         self.gauges: dict[str, dict[str, Any]] = {}  # job -> whole-run goodput, badput
         self.stragglers: dict[str, int] = {}  # job -> flagged ranks, every tick
         self.stats = {"ticks": 0, "rows": 0, "events": 0, "tick_s": 0.0}
@@ -104,6 +108,7 @@ class AnalyticsMonitor:
                     # Rebuilt from the persisted flags next time, so memory and events agree.
                     self._jobs.pop(job.id, None)
                     log.exception("straggler evaluation of job %s failed", job.name)
+                events += self._timeouts(session, job, now)
         if now - self._gauges_at >= self.goodput_refresh_s:
             self._gauges_at = now
             self.refresh_gauges(now, live_counts=leads)
@@ -114,6 +119,17 @@ class AnalyticsMonitor:
         self.stats["events"] += len(events)
         self.stats["tick_s"] = time.perf_counter() - t0
         return events
+
+    def _timeouts(self, session: Session, job: Job, now: float) -> list[dict[str, Any]]:
+        """The job's timeout hierarchy (jobs.timeouts): an event for each new violation."""
+        try:
+            stored = timeouts.refresh(session, job, now - self.timeouts_fresh_s, now)
+            session.commit()
+        except Exception:
+            session.rollback()
+            log.exception("timeout check of job %s failed", job.name)
+            return []
+        return [event_dict(e, None) for e in stored]
 
     def _evaluate(self, session: Session, job: Job, now: float) -> list[dict[str, Any]]:
         st = self._jobs.get(job.id)
@@ -279,6 +295,7 @@ def from_settings(
         goodput_refresh_s=settings.goodput_refresh_s,
         idle_after_s=settings.goodput_idle_after_s,
         is_leader=is_leader,
+        timeouts_fresh_s=settings.node_down_after_s,
     )
 
 

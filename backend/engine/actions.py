@@ -173,12 +173,49 @@ class Actions:
         exclude = frozenset({node_id})
         if node is not None:
             self.cordon(session, node, by, f"incident {inc.id}: {why}", inc)
+            self._leave(session, inc, job, node, entry)
         hook = self.policy.model.hooks.cordon
         if hook and node is not None:
             entry["hook"] = "cordon"
             self._due(session, inc, job, "cordon", hook, exclude)
         else:
             self.issue(session, inc, job, "launcher", exclude)
+
+    def _leave(
+        self, session: Session, inc: Incident, job: Job, node: Node, entry: dict[str, Any]
+    ) -> None:
+        """The excluded node leaves the job: an exclude_node command to its agent ends the
+        job's launcher there, so its workers cannot rejoin the next round (acks:
+        incidents.acks.record_leave). The job re-forms without it through the launcher
+        restart of its other nodes: on a spare launcher, or with fewer nodes where it is
+        elastic. A node hosting no rank of the job has nothing to end; the job's only node
+        keeps its launcher (docs/decisions.md)."""
+        now = max(self.clock(), inc.acted_at or 0.0)
+        hosts = q.job_nodes(session, job.id, now - self.fresh_within_s)
+        if node.id not in hosts:
+            entry["leave"] = f"{node.name} hosts no rank of job {job.name}: nothing ends there"
+            return
+        if set(hosts) == {node.id}:
+            # No other node to re-form the job: ending its launcher would end the job for
+            # good (trainguard starts no launcher). The job waits; readmitted, the node
+            # restarts it in place.
+            entry["leave"] = f"{node.name} is the only node of job {job.name}: its launcher stays"
+            return
+        entry["leave"] = f"{node.name} leaves job {job.name}: its launcher is ended"
+        reason = f"incident {inc.id}: {node.name} leaves job {job.name}"
+        grace = self.policy.model.escalation.leave_grace_s
+        n = incidents.issue_commands(
+            session,
+            inc,
+            "exclude_node",
+            {node.id: hosts[node.id]},
+            now,
+            reason,
+            fault=False,
+            extra={"grace_s": grace},
+        )
+        self.commands += n
+        self._count("commands", n)
 
     def _held(self, session: Session, inc: Incident, why: str) -> bool:
         """The breaker: an automatic exclusion past the cap waits for an operator (the

@@ -34,7 +34,7 @@ from trainguard.backend.engine.evidence import EVIDENCE_KINDS, Evidence
 from trainguard.backend.engine.leader import AdvisoryLockLeadership, Leadership, leadership_for
 from trainguard.backend.engine.policy import Policy
 from trainguard.backend.hooks import HookResult, run_hook
-from trainguard.backend.incidents import publish
+from trainguard.backend.incidents import acks, publish
 from trainguard.backend.models import Event, Node
 from trainguard.backend.models.control import EngineState
 
@@ -207,6 +207,7 @@ class DecisionEngine:
         sweep.resumed_from_steps(self.decider, s, now)
         sweep.relaunch_waits(self.decider, s, now)
         sweep.unfinished_actions(self.decider, s, now)
+        acks.name_replacements(s, now)
         sweep.orphaned_hooks(self.decider, s, now, self._running_hooks)
         lifecycle.agents_back(self.decider, s, now)
         lifecycle.waiting_jobs(self.decider, s, now)

@@ -126,16 +126,17 @@ def clean_exit(data: dict[str, Any]) -> bool:
 
 def stopped(data: dict[str, Any]) -> str | None:
     """How a rank was stopped rather than failed, from its rank_exit: "trainguard" (the
-    agent ended its launcher for stop_job), "outside" (a stop signal, SIGTERM or SIGINT,
-    that its launcher got and passed on, then exited: its user's kill, Ctrl-C, scancel, a
-    deleted pod), else None. A stop signal whose launcher lives on is a worker killed
-    under a running launcher: that is a fault like any other.
+    agent ended its launcher for stop_job, or for exclude_node: its node left the job),
+    "outside" (a stop signal, SIGTERM or SIGINT, that its launcher got and passed on, then
+    exited: its user's kill, Ctrl-C, scancel, a deleted pod), else None. A stop signal
+    whose launcher lives on is a worker killed under a running launcher: that is a fault
+    like any other.
 
     An exit whose status the agent could not read because the launcher reaped it first
     (`reaped`, with nothing uncaught) and whose launcher then exited reads the same way: a
     launcher reaps at once only the workers it ends itself, with the same stop signal."""
     by = data.get("signalled_by")
-    if isinstance(by, str) and by.startswith("stop_job"):
+    if isinstance(by, str) and by.startswith(("stop_job", "exclude_node")):
         return "trainguard"
     stop = data.get("stop_signal") not in (None, 0, "")
     unread = data.get("reaped") is True and not data.get("uncaught")

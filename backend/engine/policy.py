@@ -117,6 +117,8 @@ class Escalation(_Strict):
     exclude_node: int = Field(ge=1, le=1000)
     on_failed: bool
     relaunch_wait_s: float = Field(ge=0, le=3600)
+    # exclude_node ends the excluded node's launcher: SIGKILL this long after SIGTERM.
+    leave_grace_s: float = Field(default=30, ge=0, le=600)
 
 
 class Limits(_Strict):

@@ -67,6 +67,9 @@ def record_phase(session: Session, cmd: Command, ack: wire.Ack) -> None:
     if cmd.action == "stop_job":
         record_stop(session, cmd, ack)
         return
+    if cmd.action == "exclude_node":
+        record_leave(session, cmd, ack)
+        return
     inc = session.get(Incident, cmd.incident_id, with_for_update=True, populate_existing=True)
     if inc is None:
         return
@@ -110,7 +113,89 @@ def record_phase(session: Session, cmd: Command, ack: wire.Ack) -> None:
         session.flush()
         done = reads.terminal_acks(session, inc)
         if all(done.values()) and "resumed" in done.values():
-            service.resolve(session, inc, time.time(), "resumed")
+            service.resolve(session, inc, time.time(), _resumed(session, inc))
+
+
+def record_leave(session: Session, cmd: Command, ack: wire.Ack) -> None:
+    """An ack of the excluded node's leaving (engine.actions `_leave`): its exclusion
+    decision says when and how the node left the job, or why it did not. It is no
+    restart, so it neither resolves nor fails the incident (the restart of the job's other
+    nodes does); a node that did not leave is said in the outcome."""
+    if ack.phase not in ("torn_down", "failed"):
+        return
+    inc = session.get(Incident, cmd.incident_id, with_for_update=True, populate_existing=True)
+    node = session.get(Node, cmd.node_id)
+    if inc is None or node is None:
+        return
+    decisions = list(inc.decisions)
+    for i in range(len(decisions) - 1, -1, -1):
+        entry = decisions[i]
+        if entry.get("level") == "exclude_node" and entry.get("node") == node.name:
+            if ack.phase == "torn_down":
+                left = {"left_at": ack.ts, "leave": f"{node.name} left: {ack.detail}"}
+            else:
+                left = {"leave": f"{node.name} did not leave: {ack.detail}"}
+            decisions[i] = {**entry, **left}
+            inc.decisions = decisions
+            changed(session, inc)
+            break
+    if ack.phase == "failed" and inc.status == "open" and reads.NOTHING_HERE not in ack.detail:
+        service.note(session, inc, f"{node.name} did not leave the job: {ack.detail}")
+
+
+WITHOUT = "resumed without "
+# How long after its resolution an exclusion's outcome may still learn its replacement.
+REPLACEMENT_WINDOW_S = 120.0
+
+
+def name_replacements(session: Session, now: float) -> None:
+    """Exclusions resolved lately as "resumed without N" whose spare's rank_start events
+    came in after the survivors' first step (another agent's batch): their outcome names
+    the node that took N's place once those events are stored (engine sweep, each tick)."""
+    rows = session.scalars(
+        select(Incident).where(
+            Incident.status == "resolved",
+            Incident.level == "exclude_node",
+            Incident.closed_at >= now - REPLACEMENT_WINDOW_S,
+            Incident.outcome.startswith(WITHOUT),
+        )
+    ).all()
+    for inc in rows:
+        outcome = _resumed(session, inc)
+        if outcome != inc.outcome:
+            inc.outcome = outcome
+            changed(session, inc)
+
+
+def _resumed(session: Session, inc: Incident) -> str:
+    """The outcome of a restart that resumed; after an exclusion, which node replaced the
+    excluded one (a spare whose ranks now run the job), or that the job went on smaller."""
+    if inc.level != "exclude_node" or inc.job_id is None:
+        return "resumed"
+    left = sorted(
+        session.scalars(
+            select(Node.name)
+            .join(Command, Command.node_id == Node.id)
+            .where(Command.incident_id == inc.id, Command.action == "exclude_node")
+        ).all()
+    )
+    if not left:
+        return "resumed"
+    restarted = set(
+        session.scalars(
+            select(Node.name)
+            .join(Command, Command.node_id == Node.id)
+            .where(Command.incident_id == inc.id, Command.action == "launcher")
+        ).all()
+    )
+    job = session.get(Job, inc.job_id)
+    since = inc.acted_at or 0.0
+    joined = (
+        sorted(reads.joined_since(session, job.name, since) - restarted - set(left)) if job else []
+    )
+    if joined:
+        return f"resumed; {', '.join(joined)} took the place of {', '.join(left)}"
+    return f"{WITHOUT}{', '.join(left)}"
 
 
 def record_stop(session: Session, cmd: Command, ack: wire.Ack) -> None:

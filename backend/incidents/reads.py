@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from trainguard.backend.analytics.service import lost_steps
 from trainguard.backend.errors import NotFound
-from trainguard.backend.models import TIMELINE, Command, CommandAck, Incident, Job, Node
+from trainguard.backend.models import TIMELINE, Command, CommandAck, Event, Incident, Job, Node
 from trainguard.backend.models.control import IncidentEvidence
 
 # A failed ack that says the command found none of the job's workers on its node (the
@@ -127,7 +127,8 @@ def locked_with_jobs(session: Session, *where: ColumnElement[bool]) -> list[tupl
 def terminal_acks(session: Session, inc: Incident) -> dict[str, str | None]:
     """{command id: "resumed" | "gone" (failed: no live rank there) | "failed" | None (still
     under way)} for the commands of the incident's current action."""
-    stmt = select(Command.id).where(Command.incident_id == inc.id)
+    # The excluded node's leaving (exclude_node) is no restart: it ends at torn_down.
+    stmt = select(Command.id).where(Command.incident_id == inc.id, Command.action != "exclude_node")
     if inc.acted_at is not None:
         stmt = stmt.where(Command.issued_at >= inc.acted_at)
     out: dict[str, str | None] = dict.fromkeys(session.scalars(stmt).all())
@@ -141,6 +142,18 @@ def terminal_acks(session: Session, inc: Incident) -> dict[str, str | None]:
         elif out[cid] is None:
             out[cid] = "gone" if NOTHING_HERE in detail else "failed"
     return out
+
+
+def joined_since(session: Session, job: str, since: float) -> set[str]:
+    """The nodes where ranks of the job started since `since` (their rank_start events,
+    which agents send at once, before the ranks' first step)."""
+    stmt = (
+        select(Node.name)
+        .join(Event, Event.node_id == Node.id)
+        .where(Event.kind == "rank_start", Event.job == job, Event.ts >= since)
+        .distinct()
+    )
+    return set(session.scalars(stmt).all())
 
 
 def get_incident(session: Session, incident_id: int) -> Incident:

@@ -240,6 +240,7 @@ def issue_commands(
     reason: str,
     *,
     fault: bool,
+    extra: Mapping[str, Any] | None = None,
 ) -> int:
     """The one place Command rows are made: one per node of `targets` ({node id: the
     job's ranks there}), durable, so an agent gets its command when it next polls, after
@@ -249,7 +250,7 @@ def issue_commands(
     has no earlier fault: it restarts what runs now. Returns how many were made."""
     for node_id, ranks in sorted(targets.items()):
         # wire.Command params are scalars: the ranks travel as "0,1".
-        params: dict[str, Any] = {"ranks": ",".join(map(str, sorted(ranks)))}
+        params: dict[str, Any] = {"ranks": ",".join(map(str, sorted(ranks))), **(extra or {})}
         if fault:
             params |= {
                 "cause": inc.cause[:64],

@@ -10,6 +10,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from trainguard.backend.models import Event, Job, Rank, Step
+from trainguard.protocol import wire
 
 if TYPE_CHECKING:
     from trainguard.backend.ingest.statements import _Item
@@ -17,6 +18,13 @@ if TYPE_CHECKING:
 
 # A rank its node's agent has not listed for this long is gone (_unlisted_ranks).
 UNLISTED_S = 30.0
+
+
+def _timeouts(value: wire.Timeouts | None) -> dict[str, Any] | None:
+    """A rank's reported timeouts as stored: the values it has (None: none)."""
+    if value is None:
+        return None
+    return {k: v for k in value.__struct_fields__ if (v := getattr(value, k)) is not None}
 
 
 class TrainingStatements:
@@ -150,6 +158,7 @@ class TrainingStatements:
                     "launcher": getattr(r, "launcher", None),
                     "max_restarts": r.max_restarts,
                     "restart_count": r.restart_count,
+                    "timeouts": _timeouts(r.timeouts),
                 }
         if ranks:
             stmt = self._insert_ignore(Rank)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from trainguard.backend import errors
 from trainguard.backend.auth import ViewerDep
 from trainguard.backend.db import SessionDep
-from trainguard.backend.jobs import service
+from trainguard.backend.jobs import service, timeouts
 from trainguard.backend.jobs.schemas import Job, JobDetail, JobSteps
 from trainguard.backend.names import JobName
 
@@ -39,6 +39,7 @@ def get_job(job: JobName, request: Request, session: SessionDep, _: ViewerDep) -
     since = time.time() - fresh
     out["capabilities"] = service.capabilities(session, j.id, since)
     out.update(service.launcher_budget(session, j.id, since))
+    out["timeout_warnings"] = timeouts.warnings(session, j.id, since)
     return JobDetail.model_validate(out)
 
 

@@ -38,6 +38,21 @@ class Rank(BaseModel):
     launcher: str | None
     max_restarts: int | None
     restart_count: int | None
+    timeouts: dict[str, float | str] | None = Field(
+        default=None, description="the timeouts around the rank as its agent reported them"
+    )
+
+
+class TimeoutWarning(BaseModel):
+    """A rule of the timeout hierarchy the job breaks (docs/restarts.md, "Timeout
+    hierarchy"); it never blocks the job."""
+
+    code: str = Field(description="the rule, e.g. collective_over_checkpoint")
+    message: str = Field(description="what goes wrong, with the two values")
+    fix: str = Field(description="the fix, in one sentence")
+    shorter: float = Field(description="seconds: what must be shorter (the job's largest)")
+    longer: float = Field(description="seconds: what it must be shorter than (the smallest)")
+    values: dict[str, float]
 
 
 class Capabilities(BaseModel):
@@ -62,6 +77,10 @@ class JobDetail(Job):
     restarts_left: int | None = Field(
         description="max_restarts - restart_count of the live rank with the fewest left; "
         "at 0 the next worker failure ends the job (None: unknown)"
+    )
+    timeout_warnings: list[TimeoutWarning] = Field(
+        default_factory=list,
+        description="the rules of the timeout hierarchy the job's reported timeouts break",
     )
 
 

@@ -119,6 +119,7 @@ def ranks(session: Session, job: Job) -> list[dict[str, Any]]:
             "launcher": r.launcher,
             "max_restarts": r.max_restarts,
             "restart_count": r.restart_count,
+            "timeouts": r.timeouts,
         }
         for r, name in rows
     ]

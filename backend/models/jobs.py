@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
+    JSON,
     Boolean,
     Float,
     ForeignKey,
@@ -44,6 +47,11 @@ class Job(Base):
     ended_at: Mapped[float | None] = mapped_column(Float)
     # A readable name (the script's name and a short id), as the SDK declares it.
     display_name: Mapped[str | None] = mapped_column(String(128))
+    # The codes of the timeout hierarchy's rules the job broke when last checked
+    # (jobs.timeouts): a new one is announced by a `timeouts` event.
+    timeout_warnings: Mapped[list[str]] = mapped_column(
+        JSON, default=list, server_default=text("'[]'")
+    )
 
 
 class Rank(Base):
@@ -70,6 +78,9 @@ class Rank(Base):
     # rank's environment says (None: unknown).
     max_restarts: Mapped[int | None] = mapped_column(Integer)
     restart_count: Mapped[int | None] = mapped_column(Integer)
+    # The timeouts around the rank (wire.Timeouts' fields, seconds), as its agent last
+    # reported them (None: none reported).
+    timeouts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Step(Base):

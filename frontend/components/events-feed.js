@@ -8,7 +8,7 @@ import { shortUuid, timeEl } from "../lib/format.js";
 import { describeXid, loadXidCatalog } from "../lib/xids.js";
 
 const BAD = new Set(["xid", "gpu_lost", "rank_exit", "exception", "hang", "heartbeat_lost"]);
-const WARN = new Set(["straggler", "spool_gap", "restart", "command"]);
+const WARN = new Set(["straggler", "spool_gap", "restart", "command", "timeouts"]);
 
 /**
  * A rank that ended its work: exit code 0 (or none known, said clean) and no signal; the

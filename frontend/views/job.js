@@ -1,6 +1,6 @@
 // Job view (#/jobs/<name>): the job's state (since when and why; when it ended), what it
 // can carry out (in-process under NVRx's Wrapper or not, which launcher), its generation
-// (attempt, in-process iteration), step
+// (attempt, in-process iteration), the timeout warnings (timeouts in the wrong order), step
 // time per rank as a heatmap over time and the cohort's median and worst rank as a line
 // chart, straggler scores and flags, the ranks, goodput with its badput breakdown over
 // time, the checkpoint-interval advice, its incidents and events, and a restart control
@@ -26,6 +26,7 @@ import { ranksPanel } from "./job/ranks.js";
 import { restartControl } from "./job/restart.js";
 import { stepsPanel } from "./job/steps.js";
 import { stragglersPanel } from "./job/stragglers.js";
+import { timeoutsPanel } from "./job/timeouts.js";
 
 export const title = (params) => params.name;
 
@@ -42,6 +43,7 @@ export function mount(root, ctx) {
   const header = jobHeader(name);
   const restart = restartControl({ name, signal: ctx.signal, current: () => job, reload: () => loadJob() });
   const caps = capabilitiesPanel();
+  const timeouts = timeoutsPanel();
   const steps = stepsPanel();
   const stragglers = stragglersPanel();
   const ranks = ranksPanel();
@@ -62,6 +64,7 @@ export function mount(root, ctx) {
       canOperate() ? [restart.note, restart.button] : null, // a viewer has no action
     ),
     header.facts,
+    timeouts.el,
     caps.el,
     steps.el,
     // Full width each: the ranks table's nine columns clipped the heartbeat at half a page.
@@ -85,6 +88,7 @@ export function mount(root, ctx) {
     job = j;
     header.update(j);
     caps.update(j);
+    timeouts.update(j);
     restart.update(j);
     ranks.update(j.ranks ?? []);
   }
@@ -98,6 +102,7 @@ export function mount(root, ctx) {
       if (error.status === 404 && !/^Not Found$/.test(error.detail)) {
         header.missing();
         caps.clear();
+        timeouts.clear();
         restart.disable();
         return false;
       }

@@ -145,8 +145,9 @@ def test_every_event_the_agent_makes_decodes_as_its_kind(
     by_kind: dict[str, list[Any]] = {}
     for e in decoded(events):
         by_kind.setdefault(e.kind, []).append(e.typed_data())
-    # straggler rows are the backend's own; command phases travel as acks
-    assert set(by_kind) == set(payloads.EVENT_DATA) - {"straggler", "command"} | {"log"}
+    # straggler and timeouts rows are the backend's own; command phases travel as acks
+    backends = {"straggler", "timeouts", "command"}
+    assert set(by_kind) == set(payloads.EVENT_DATA) - backends | {"log"}
     for kind, datas in by_kind.items():
         assert all(type(d) is payloads.EVENT_DATA.get(kind, payloads.EventData) for d in datas)
     (start,) = by_kind["rank_start"]

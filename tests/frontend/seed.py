@@ -38,6 +38,7 @@ class JobSeed:
     display_name: str | None = None
     max_restarts: int | None = None  # the launcher's restart budget, as the SDK declares it
     restart_count: int | None = None
+    timeouts: dict[str, Any] | None = None  # wire.Timeouts' fields, as the agent reports them
     _agents: dict[str, str] = field(default_factory=dict)
     _seq: dict[str, int] = field(default_factory=dict)
 
@@ -118,6 +119,8 @@ class JobSeed:
             out["max_restarts"] = self.max_restarts
         if self.restart_count is not None:
             out["restart_count"] = self.restart_count
+        if self.timeouts is not None:
+            out["timeouts"] = dict(self.timeouts)
         return out
 
     def exit_batches(self, now: float, exit_code: int = 0) -> list[dict[str, Any]]:

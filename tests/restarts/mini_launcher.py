@@ -4,7 +4,8 @@ exits. The executor must end workers, never this process. MINI_LAUNCHER_RESTART_
 holds the new workers back after the old ones are gone (ft_launcher's restart takes
 seconds: rendezvous, imports), so a command can arrive while no worker is alive.
 MINI_LAUNCHER_MAX_RESTARTS is its restart budget (torchrun's --max-restarts): spent, it
-ends its workers and exits 1 instead of restarting them."""
+ends its workers and exits 1 instead of restarting them. MINI_LAUNCHER_IGNORE_TERM=1 makes
+it ignore SIGTERM (a launcher stuck in a rendezvous or a bad signal handler)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def main() -> int:
         nonlocal stop
         stop = True
 
-    signal.signal(signal.SIGTERM, on_term)
+    ignore = os.environ.get("MINI_LAUNCHER_IGNORE_TERM") == "1"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else on_term)
     restarts = 0
     delay = float(os.environ.get("MINI_LAUNCHER_RESTART_DELAY", "0"))
     budget = int(os.environ.get("MINI_LAUNCHER_MAX_RESTARTS", "1000000"))

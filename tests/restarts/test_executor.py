@@ -236,6 +236,45 @@ def test_a_launcher_restart_fails_at_once_when_the_launcher_gives_up(
     assert launcher.wait(10) == 1
 
 
+def test_an_excluded_node_leaves_the_job_through_its_launcher(make_node, spawn, tmp_path) -> None:
+    # exclude_node ends the job's launcher here (SIGTERM, passed on to its workers), not
+    # only its workers: nothing of the job is left on the node to rejoin the next round.
+    # The workers' exits say it was the exclusion (no new fault).
+    node = make_node()
+    launcher = spawn([LAUNCHER, "2"], node.local.socket_path)
+    wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
+    workers = {r.pid for r in node.local.job_ranks("job1")}
+    backend = BackendStandIn()
+    loop = CommandLoop(node.agent, node.local, transport=backend, node="n1")
+    t = loop.handle(command("x1", "exclude_node", grace_s=10.0))
+    assert t is not None
+    t.join(30)
+    assert backend.phases("x1") == ["delivered", "torn_down"]
+    assert backend.acks[-1][1].detail == f"ended pid {launcher.pid} with SIGTERM"
+    assert launcher.wait(5) == 0
+    assert not node.local.job_ranks("job1")
+    wait_for(lambda: {e.data.get("pid") for e in node.kinds("rank_exit")} >= workers, 10)
+    assert {e.data.get("signalled_by") for e in node.kinds("rank_exit")} == {"exclude_node x1"}
+
+
+def test_a_launcher_that_ignores_sigterm_is_killed_after_the_grace(
+    make_node, spawn, tmp_path
+) -> None:
+    node = make_node()
+    launcher = spawn([LAUNCHER, "2"], node.local.socket_path, MINI_LAUNCHER_IGNORE_TERM="1")
+    wait_for(lambda: len([r for r in node.local.job_ranks("job1") if r.last_step]) == 2, 20)
+    backend = BackendStandIn()
+    loop = CommandLoop(node.agent, node.local, transport=backend, node="n1")
+    t = loop.handle(command("x2", "exclude_node", grace_s=1.0))
+    assert t is not None
+    t.join(30)
+    assert backend.phases("x2") == ["delivered", "torn_down"]
+    detail = backend.acks[-1][1].detail
+    assert f"pid {launcher.pid} ignored SIGTERM for 1 s and was killed" in detail, detail
+    assert launcher.wait(5) == -signal.SIGKILL
+    wait_for(lambda: not node.local.job_ranks("job1"), 10)
+
+
 def test_a_command_right_after_an_agent_restart_waits_for_its_ranks_to_register(
     make_node, spawn, tmp_path
 ) -> None:

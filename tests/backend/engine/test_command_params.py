@@ -65,4 +65,6 @@ def test_a_command_with_a_bad_param_is_acked_failed_naming_it() -> None:
 
 def test_an_action_without_a_struct_of_its_own_takes_the_common_params() -> None:
     assert set(payloads.COMMAND_PARAMS) <= set(wire.Action.__args__)  # type: ignore[attr-defined]  # a Literal's values
-    assert payloads.command_params("exclude_node", {"ranks": "3"}) == payloads.CommandParams("3")
+    assert payloads.command_params("in_process", {"ranks": "3"}) == payloads.CommandParams("3")
+    leave = payloads.command_params("exclude_node", {"ranks": "3", "grace_s": 5})
+    assert leave == payloads.ExcludeNodeParams(ranks="3", grace_s=5.0)

@@ -86,9 +86,10 @@ def test_repeated_hardware_faults_climb_to_exclude_the_node(make_cluster: Any) -
         levels.append(c.incidents("job")[-1]["level"])
         c.recover()
     assert levels == ["launcher", "exclude_node"]
-    # n1 (where the XIDs are) cordoned, the launcher restart on n2 only.
+    # n1 (where the XIDs are) cordoned and leaving the job, the launcher restart on n2.
     assert [(x["node"], x["action"]) for x in c.incidents("job")[1]["commands"]] == [
-        ("n2", "launcher")
+        ("n1", "exclude_node"),
+        ("n2", "launcher"),
     ]
     node = c.client.get("/api/v1/nodes/n1").json()
     assert node["cordoned"] is True

@@ -87,8 +87,8 @@ def test_every_catalog_xid_gets_its_default_action(make_cluster: Any) -> None:
         cmds = _commands_by_node(c, job)
         if expected == "in_process":
             assert cmds == {bad: ["in_process"], good: ["in_process"]}, code
-        else:  # the node is cordoned; a launcher restart on the others
-            assert cmds == {good: ["launcher"]}, code
+        else:  # the node is cordoned and leaves the job; a launcher restart on the others
+            assert cmds == {bad: ["exclude_node"], good: ["launcher"]}, code
             node = c.client.get(f"/api/v1/nodes/{bad}").json()
             assert node["cordoned"] is True, code
     counts = c.engine.status()["counts"]
@@ -134,7 +134,7 @@ def test_a_failing_reset_hook_excludes_the_node(make_cluster: Any) -> None:
     inc = wait_for(excluded)
     assert inc["level"] == "exclude_node" and inc["escalations"] == 1
     assert [h["rc"] for h in inc["hooks"]] == [3]
-    assert _commands_by_node(c, "job") == {"n2": ["launcher"]}
+    assert _commands_by_node(c, "job") == {"n1": ["exclude_node"], "n2": ["launcher"]}
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ BAD = [
     ("command", "command_id", "c" * 65),
     ("spool_gap", "from", "yesterday"),
     ("agent_start", "interval", -1.0),
+    ("timeouts", "shorter_s", "10 s"),
 ]
 
 
