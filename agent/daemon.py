@@ -28,6 +28,7 @@ from trainguard.agent.config import AgentConfig
 from trainguard.agent.uplink.outbox import Outbox
 from trainguard.agent.uplink.sender import Uplink, agent_version
 from trainguard.agent.uplink.spool import Spool, SpoolLocked
+from trainguard.protocol.payloads import AgentStartData, GpuLostData
 from trainguard.protocol.wire import Event, GpuInfo, GpuSample
 
 log = logging.getLogger(__name__)
@@ -187,13 +188,13 @@ class Agent:
                 kind="agent_start",
                 ts=self.clock(),
                 message=f"trainguard agent {agent_version()} started ({src} GPUs)",
-                data={
-                    "version": agent_version(),
-                    "source": src,
-                    "agent_id": self.uplink.agent_id,
-                    "pid": os.getpid(),
-                    "interval": self.config.interval,
-                },
+                data=AgentStartData(
+                    version=agent_version(),
+                    source=src,
+                    agent_id=self.uplink.agent_id,
+                    pid=os.getpid(),
+                    interval=self.config.interval,
+                ).wire(),
             ),
             urgent=True,
         )
@@ -203,7 +204,7 @@ class Agent:
                     kind="gpu_lost",
                     ts=self.clock(),
                     message=f"GPU {index} unreadable at agent start: {reason}",
-                    data={"index": index, "reason": reason[:256]},
+                    data=GpuLostData(index=index, reason=reason[:256]).wire(),
                 ),
                 urgent=True,
             )

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from trainguard.agent.collectors.nvml import Device, Nvml, pci_key
 from trainguard.agent.uplink.outbox import Outbox
+from trainguard.protocol.payloads import XidData
 from trainguard.protocol.wire import Event
 from trainguard.protocol.xid import describe_xid
 
@@ -35,20 +36,33 @@ def xid_event(
     source: str,
     gpu_uuid: str | None = None,
     message: str = "",
-    kind: str = "xid",
-    **data: str | int | float | bool | None,
+    kind: Literal["xid", "gpu_lost"] = "xid",
+    *,
+    pci: str | None = None,
+    pid: int | None = None,
+    process: str | None = None,
+    gpu_instance: int | None = None,
+    compute_instance: int | None = None,
 ) -> Event:
-    """The wire event for one XID; `data` carries source, action and what else is known."""
+    """The wire event for one XID; its data (XidData) says where it was read, the
+    catalog's action, and what else is known (None: not known, left out)."""
     info = describe_xid(xid)
-    fields: dict[str, str | int | float | bool | None] = {"source": source, "action": info.action}
-    fields.update({k: v for k, v in data.items() if v is not None})
+    data = XidData(
+        source=source,
+        action=info.action,
+        pci=pci,
+        pid=pid,
+        process=process,
+        gpu_instance=gpu_instance,
+        compute_instance=compute_instance,
+    )
     return Event(
-        kind=kind,  # type: ignore[arg-type]  # callers pass an EventKind name
+        kind=kind,
         ts=ts,
         gpu_uuid=gpu_uuid,
         xid=xid,
         message=(message or f"Xid {xid}: {info.meaning}")[:4096],
-        data=fields,
+        data=data.wire(),
     )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.agent.ranks.liveness import launcher_pid, proc_info, running
 from trainguard.agent.ranks.server import LocalServer
+from trainguard.protocol.payloads import ExcludeNodeParams, LauncherParams, StopJobParams
 from trainguard.protocol.wire import Command, Phase
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,6 @@ class LauncherRestart:
         def _already_restarted(self, cmd: Command, level: str) -> list[Any] | None: ...
 
         def _report_served(self, cmd: Command, recs: list[Any]) -> None: ...
-
-    def _param(self, cmd: Command, name: str, default: float) -> float:
-        value = cmd.params.get(name)
-        return float(value) if isinstance(value, int | float) else default
 
     def _follow_launcher(self, cmd: Command, known: list[Any], acked: Collection[str] = ()) -> None:
         """The job's workers here are gone (or going): the command ended them, or their
@@ -98,7 +95,9 @@ class LauncherRestart:
 
     def _launcher(self, cmd: Command) -> None:
         local, job = self.local, cmd.job
-        grace = self._param(cmd, "grace_s", self.grace_s)
+        params = cmd.typed_params()
+        grace = params.grace_s if isinstance(params, LauncherParams) else None
+        grace = self.grace_s if grace is None else grace
         with local.cond:
             recs = local.job_ranks(job)
             known = list(local.job_ranks(job, alive_only=False))
@@ -150,7 +149,9 @@ class LauncherRestart:
 
         The launcher is found from the job's ranks alive or recently exited here, so a
         launcher between two generations is found too."""
-        timeout = self._param(cmd, "timeout_s", self.stop_timeout_s)
+        params = cmd.typed_params()
+        timeout = params.timeout_s if isinstance(params, StopJobParams) else None
+        timeout = self.stop_timeout_s if timeout is None else timeout
         self._end_launchers(cmd, f"stop_job {cmd.id}", timeout, kill=False)
 
     def _leave(self, cmd: Command) -> None:
@@ -161,7 +162,9 @@ class LauncherRestart:
         they end by themselves): the job's other nodes re-form without this one, on a
         spare launcher waiting beyond `--nnodes` MAX, or with fewer nodes where MIN
         allows. `torn_down` once everything of the job here is gone, saying how."""
-        grace = self._param(cmd, "grace_s", self.stop_timeout_s)
+        params = cmd.typed_params()
+        grace = params.grace_s if isinstance(params, ExcludeNodeParams) else None
+        grace = self.stop_timeout_s if grace is None else grace
         self._end_launchers(cmd, f"exclude_node {cmd.id}", grace, kill=True)
 
     def _end_launchers(self, cmd: Command, tag: str, timeout: float, *, kill: bool) -> None:

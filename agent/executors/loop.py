@@ -350,7 +350,8 @@ class CommandLoop(InProcessRestart):
         fault's (the command's params), else None. A generation is (attempt, iteration)
         for an in_process command; a launcher restart makes new processes, so for a
         launcher command only a later attempt counts."""
-        it, att = _int(cmd.params.get("iteration")), _int(cmd.params.get("attempt"))
+        fault = cmd.typed_params()
+        it, att = fault.iteration, fault.attempt
         recs = self.local.job_ranks(cmd.job)
         if not recs:
             return None
@@ -363,7 +364,7 @@ class CommandLoop(InProcessRestart):
 
     def _report_served(self, cmd: Command, recs: list[Any]) -> None:
         """Ack the phases of the restart that already happened, with its own times."""
-        att = _int(cmd.params.get("attempt"))
+        att = cmd.typed_params().attempt
         if att is not None and all(r.attempt > att for r in recs):
             detail = f"already restarted by the launcher (attempt {max(r.attempt for r in recs)})"
         else:
@@ -372,7 +373,3 @@ class CommandLoop(InProcessRestart):
         self._ack(cmd.id, "torn_down", min(started), detail)
         self._ack(cmd.id, "restarted", max(started), detail)
         self._ack_resumed(cmd, {r.pid for r in recs}, detail)
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None

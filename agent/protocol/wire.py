@@ -16,6 +16,15 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from trainguard.protocol.payloads import (
+    EVENT_DATA,
+    CommandParams,
+    EventData,
+    check_event_data,
+    command_params,
+    event_data,
+)
+
 WIRE_VERSION = 1
 
 # Limits shared by producer and consumer: the agent splits batches to stay inside them,
@@ -60,7 +69,8 @@ RankNo = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 Launcher = Literal["torchrun", "ft_launcher", "slurm", "none"]
 
 # Discrete facts. Extending this list is a wire change: bump nothing, old agents keep
-# working, but an old backend refuses the new kind with a clear 422.
+# working, but an old backend refuses the new kind with a clear 422. Each kind's data
+# has its Struct in payloads.py (EVENT_DATA; the keys noted here are the main ones).
 EventKind = Literal[
     "xid",  # an XID error on a GPU (data: xid, pci, pid, process, source=nvml|kmsg|injected)
     "gpu_lost",  # NVML_ERROR_GPU_IS_LOST on a device
@@ -133,7 +143,17 @@ class Event(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     rank: RankNo | None = None
     xid: Annotated[int, Meta(ge=0, le=100000)] | None = None
     message: Text = ""
+    # One Struct per kind in payloads.py (EVENT_DATA) types and bounds the known keys.
     data: Annotated[dict[Short, Scalar], Meta(max_length=64)] = {}
+
+    def __post_init__(self) -> None:
+        tp = EVENT_DATA.get(self.kind) if self.data else None
+        if tp is not None:
+            check_event_data(self.data, tp, self.kind)  # a ValueError becomes a ValidationError
+
+    def typed_data(self) -> EventData:
+        """`data` as its kind's Struct (payloads.py)."""
+        return event_data(self.kind, self.data)
 
 
 class StepReport(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):
@@ -281,7 +301,14 @@ class Command(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     issued_at: Ts
     incident_id: int | None = None
     reason: Short = ""
-    params: dict[Short, Scalar] = {}
+    params: dict[Short, Scalar] = {}  # typed and bounded by action in payloads.py
+
+    def __post_init__(self) -> None:
+        if self.params:
+            command_params(self.action, self.params)
+
+    def typed_params(self) -> CommandParams:
+        return command_params(self.action, self.params)
 
 
 class Ack(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -307,12 +334,27 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 
 def decode_batch(body: bytes) -> Batch:
     """Decode and validate one ingest body; raises msgspec.ValidationError/DecodeError."""
-    return _batch_decoder.decode(body)
+    try:
+        return _batch_decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise join_path(exc) from None
 
 
 def decode_batch_msgpack(body: bytes) -> Batch:
     """`decode_batch` for a MessagePack body (Content-Type: application/msgpack)."""
-    return _batch_msgpack_decoder.decode(body)
+    try:
+        return _batch_msgpack_decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise join_path(exc) from None
+
+
+_INNER_PATH = re.compile(r" - at `((?:data|params)[^`]*)` - at `(\$[^`]*)`$")
+
+
+def join_path(exc: msgspec.ValidationError) -> msgspec.ValidationError:
+    """One path for an error in an event's data (payloads.py): "... - at `data.pid` - at
+    `$.events[3]`" reads "... - at `$.events[3].data.pid`"."""
+    return msgspec.ValidationError(_INNER_PATH.sub(r" - at `\2.\1`", str(exc)))
 
 
 def encode(obj: Any) -> bytes:

@@ -51,6 +51,15 @@ def bench_ingest(
             "interval); each then sends for --duration",
         ),
     ] = 0,
+    ranks: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=1024,
+            help="training ranks per node, listed in each of its batches as an agent does "
+            "(0: no rank table)",
+        ),
+    ] = 0,
     database_url: DbUrlOpt = None,
     data_dir: Annotated[Path, typer.Option()] = Path("data/bench"),
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8311,
@@ -75,6 +84,7 @@ def bench_ingest(
             server_workers=server_workers,
             encoding=encoding,
             ramp=ramp,
+            ranks=ranks,
         )
     )
 
@@ -99,6 +109,18 @@ def bench_stragglers(
             seed=seed,
         )
     )
+
+
+@app.command("decode")
+def bench_decode(
+    loops: Annotated[int, typer.Option(min=1, help="decodes per repeat")] = 2000,
+    repeats: Annotated[int, typer.Option(min=1, help="the median of these is reported")] = 7,
+) -> None:
+    """In process: decoding an ingest body of 64 samples and one of 64 events (each
+    kind's data as its producer makes it), JSON and MessagePack, per batch and event."""
+    from trainguard.backend.bench.decode import run
+
+    _print_report(run(loops=loops, repeats=repeats))
 
 
 @app.command("decision")

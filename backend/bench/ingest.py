@@ -52,6 +52,7 @@ class _Node:
         "name",
         "nxt",
         "out",
+        "ranks",
         "refusals",
         "resend",
         "retried",
@@ -61,13 +62,21 @@ class _Node:
         "t0",
     )
 
-    def __init__(self, name: str, gpus: int, per_batch: int) -> None:
+    def __init__(self, name: str, gpus: int, per_batch: int, ranks: int = 0) -> None:
         from trainguard.protocol import wire
 
         self.name = name
         self.agent_id = f"bench{random.getrandbits(40):010x}"
         uuids = [f"GPU-bench-{name}-{i}" for i in range(gpus)]
         self.inventory = [wire.GpuInfo(uuid=u, index=i) for i, u in enumerate(uuids)]
+        # Its rank table, in every batch as an agent sends it (`--ranks`; None: none,
+        # so the backend's rank statements, `_unlisted_ranks` among them, do not run):
+        # ranks of one job over every node of the run, as the goal's one large job.
+        first = int(name.rsplit("-", 1)[-1]) * ranks if ranks else 0  # bench-00012
+        self.ranks = [
+            wire.RankStatus(job="bench", rank=first + r, pid=1000 + r, local_rank=r)
+            for r in range(ranks)
+        ] or None
         # The node's samples are built once and refreshed in place for each batch: the
         # generator shares the machine with what it measures (42 -> 30 us a batch).
         self.samples = [
@@ -133,6 +142,7 @@ def _gen_worker(
     out: Any,
     encoding: str = "json",
     ramp: float = 0.0,
+    ranks: int = 0,
 ) -> None:
     """One generator process: its nodes' batches, each on the node's own keep-alive
     connection, from one epoll loop over non-blocking sockets and a heap of due times.
@@ -167,7 +177,7 @@ def _gen_worker(
     due: list[tuple[float, int, _Node]] = []  # (when, tie-break, node)
     # Every node's state first (0.25 s for 8,192 nodes), then the schedule: started
     # before it, the nodes whose phase passed meanwhile would all go at once.
-    ready = [_Node(name, gpus, per_batch) for name in nodes]
+    ready = [_Node(name, gpus, per_batch, ranks) for name in nodes]
     t_start = time.monotonic()
     all_on = (t_start + spread, t_start + duration)  # the span when every node sends
     for i, (node, phase) in enumerate(zip(ready, node_phases(len(nodes), spread), strict=True)):
@@ -278,6 +288,7 @@ def _gen_worker(
                 simulated=True,
                 gpus=n.inventory if n.seq == 1 else None,
                 samples=samples,
+                ranks=n.ranks,
             )
         )
         n.body = head + str(len(body)).encode() + b"\r\n\r\n" + body
@@ -616,6 +627,7 @@ def run(
     server_workers: int = 1,
     encoding: str = "json",
     ramp: float = 0.0,
+    ranks: int = 0,
 ) -> dict[str, Any]:
     from trainguard.backend.bench.common import fresh_database
     from trainguard.backend.demo import start_server
@@ -656,6 +668,7 @@ def run(
                     q,
                     encoding,
                     ramp,
+                    ranks,
                 ),
             )
             for w in range(workers)
@@ -725,6 +738,7 @@ def run(
         "first_batch_p99_ms": _ms(first, 0.99),
         "server_workers": server_workers,
         "encoding": encoding,
+        "ranks_per_node": ranks,
         # Connects the server's full accept queue dropped, and the SYNs sent again.
         "listen_overflows": tcp1.get("ListenOverflows", 0) - tcp0.get("ListenOverflows", 0),
         "syn_retransmits": tcp1.get("TCPSynRetrans", 0) - tcp0.get("TCPSynRetrans", 0),
