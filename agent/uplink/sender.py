@@ -275,6 +275,7 @@ class Uplink:
             list(d.steps),
             d.gpus[:MAX_GPUS] if d.gpus is not None else None,
             d.ranks[:MAX_RANKS] if d.ranks is not None else None,
+            d.launchers,
         )
         try:
             decode_batch(encode(part.batch(self.config.node, self.agent_id, 1, 0.0, False)))
@@ -288,6 +289,8 @@ class Uplink:
             valid_records(part.steps, StepReport, errors),
             valid_records(part.gpus, GpuInfo, errors) if part.gpus is not None else None,
             valid_records(part.ranks, RankStatus, errors) if part.ranks is not None else None,
+            # the watch builds them through the wire's own types: none is invalid
+            part.launchers,
         )
         self._stats.records_invalid += len(errors)
         log.warning("dropped %d invalid records (first: %s)", len(errors), errors[:1])
@@ -449,6 +452,7 @@ class Uplink:
             pace = result.get("batch_interval_s")
             if isinstance(pace, int | float) and not isinstance(pace, bool):
                 self._server_interval = min(max(float(pace), 0.0), MAX_SERVER_INTERVAL_S)
+            self.outbox.want_launchers = result.get("launchers") is True
         if isinstance(received, int | float):
             self._clock_offset(float(received) - mid)
         elif "date" in resp.headers:  # 1 s resolution: a hint only
