@@ -240,11 +240,12 @@ class LauncherWatch:
             self._scanned_at = now
         return self._latest
 
-    def provider(self) -> list[LauncherStatus] | None:
-        """For the outbox's drain: the list when it changed or is due again, else None."""
+    def provider(self, force: bool = False) -> list[LauncherStatus] | None:
+        """For the outbox's drain: the list when it changed or is due again (or `force`:
+        the last one sent never arrived), else None."""
         latest = self.current()
         now = self.monotonic()
-        if latest == self._sent and now - self._sent_at < self.resend_s:
+        if not force and latest == self._sent and now - self._sent_at < self.resend_s:
             return None
         self._sent, self._sent_at = latest, now
         return latest

@@ -386,13 +386,13 @@ class LocalServer:
         with self.cond:
             return [(r.job, r.ppid) for r in self.table.ranks.values() if r.alive]
 
-    def listed_launchers(self) -> list[LauncherStatus] | None:
+    def listed_launchers(self, force: bool = False) -> list[LauncherStatus] | None:
         """The node's launchers when due for a batch (LauncherWatch.provider); none in
         the first `settle_s`, while the ranks already running register again (a launcher
         of theirs would read as a spare)."""
         if time.monotonic() < self._listing_from:
             return None
-        return self.launchers.provider()
+        return self.launchers.provider(force)
 
     def job_ranks(self, job: str, alive_only: bool = True) -> list[RankRecord]:
         """The records of a job's ranks (call under `cond` when consistency matters)."""

@@ -60,8 +60,11 @@ class Outbox:
         # Called at drain time for the node's launchers when they are due (the launcher
         # watch's), once the backend said it stores them (`want_launchers`, set by the
         # uplink from its answers: an older backend refuses a batch with them).
-        self.launchers_provider: Callable[[], list[LauncherStatus] | None] | None = None
+        self.launchers_provider: Callable[[bool], list[LauncherStatus] | None] | None = None
         self.want_launchers = False
+        # Set by the uplink when it spooled a batch's list (never replayed: it could undo
+        # a newer one): the next drain asks for the current list at once.
+        self.launchers_unsent = False
 
     def _trim(self, q: deque) -> None:
         while len(q) > self._max:
@@ -95,7 +98,8 @@ class Outbox:
         ranks = self.ranks_provider() if self.ranks_provider else None
         launchers = None
         if self.want_launchers and self.launchers_provider is not None:
-            launchers = self.launchers_provider()
+            launchers = self.launchers_provider(self.launchers_unsent)
+            self.launchers_unsent = False
         with self._lock:
             out = Drained(
                 samples=[

@@ -311,8 +311,17 @@ class Uplink:
     def _spool(self, batch: Batch) -> None:
         """Spool a batch that was sent (the backend may hold it: it keeps its seq)."""
         self._unsent = None
+        batch = self._without_launchers(batch)
         if self.spool.put(batch):
             self._stats.batches_spooled += 1
+
+    def _without_launchers(self, batch: Batch) -> Batch:
+        """`batch` to spool: its launcher list is left out (replayed after a newer one,
+        it would undo it) and the current list goes with the next batch instead."""
+        if batch.launchers is None:
+            return batch
+        self.outbox.launchers_unsent = True
+        return msgspec.structs.replace(batch, launchers=None)
 
     def _spool_unsent(self, part: Part) -> None:
         """Spool records never sent: into the newest entry, under its seq, when that one
@@ -322,13 +331,14 @@ class Uplink:
         backend lacks is still a batch the spool dropped."""
         if self._unsent is not None:
             entry, held = self._unsent
-            both = merged(held, self._batch(part, held.seq), self._merge_limit())
+            fresh = self._without_launchers(self._batch(part, held.seq))
+            both = merged(held, fresh, self._merge_limit())
             if both is not None and (kept := self.spool.replace(entry, both[1])):
                 self._unsent = (kept, both[0])
                 self._stats.batches_merged += 1
                 return
         self._unsent = None
-        batch = self._numbered(part)
+        batch = self._without_launchers(self._numbered(part))
         if spooled := self.spool.put(batch):
             self._unsent = (spooled, batch)
             self._stats.batches_spooled += 1
