@@ -2,7 +2,8 @@
 torch-free launcher (mini_launcher.py) run under the name `torchrun`, so /proc shows a
 torchrun command line; its ranks register with the real SDK server. One with workers is
 active, one started with none waits as a spare, one of another agent's socket is not
-this node's."""
+this node's; then the watch's list reaches a real backend over HTTP and reads back as the
+job's shape."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from tests.support import wait_for
+from tests.support import TOKEN, wait_for
 from trainguard.agent.ranks.launchers import LauncherWatch
+from trainguard.agent.uplink.sender import Uplink
 
 from .conftest import HERE
 
@@ -77,3 +79,36 @@ def test_the_list_is_sent_when_it_changes_and_every_resend_interval(
     spare.wait()
     now[0] += 1
     assert watch.provider() == []  # changed: sent at once, empty
+
+
+def test_a_spare_reaches_the_backend_over_http_and_reads_as_the_jobs_shape(
+    make_node: Any, spawn: Any, tmp_path: Path, live_url: str, client: Any
+) -> None:
+    node = make_node("n2")
+    spare = spawn([torchrun(tmp_path), "0"], node.local.socket_path, PET_NNODES="1:2")
+    node.local._listing_from = 0.0  # no agent restart to settle from
+    cfg = node.agent.config.model_copy(
+        update={"server": live_url, "token": TOKEN, "spool_dir": tmp_path / "spool-http"}
+    )
+    uplink = Uplink(cfg, node.agent.outbox)
+    uplink.tick()  # the first answer says the backend stores launchers
+    assert node.agent.outbox.want_launchers
+
+    def shape() -> dict[str, Any] | None:
+        uplink.tick()
+        r = client.get("/api/v1/jobs/job1")
+        return r.json()["shape"] if r.status_code == 200 else None
+
+    got = wait_for(lambda: (s := shape()) and s["spares"] and s, 30, 0.2)
+    assert [(s["node"], s["pid"], s["available"]) for s in got["spares"]] == [
+        ("n2", spare.pid, True)
+    ]
+    assert (got["active"], got["spare_capacity"], got["min_nodes"], got["max_nodes"]) == (
+        [],
+        1,
+        1,
+        2,
+    )
+    assert got["elastic"] is True
+    (listed,) = [j for j in client.get("/api/v1/jobs").json() if j["name"] == "job1"]
+    assert listed["spare_capacity"] == 1
