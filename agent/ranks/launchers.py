@@ -107,6 +107,16 @@ class _Found:
     launcher: str
     span: tuple[int, int] | None
     started_at: float | None
+    ppid: int
+
+
+def _parent(pid: int, proc: str) -> int:
+    raw = _read(f"{proc}/{pid}/stat", 4096) or b""
+    text = raw.decode(errors="replace")
+    try:
+        return int(text[text.rfind(")") + 2 :].split()[1])
+    except (IndexError, ValueError):
+        return 0
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -163,6 +173,10 @@ class LauncherWatch:
         under: Counter[int] = Counter(ppid for _, ppid in live)
         job_of = {ppid: job for job, ppid in live}
         found = [f for pid in pids if (f := self._read_launcher(pid, job_of)) is not None]
+        # A launcher's own forks (NVRx's rank monitors, forked: the same command line)
+        # are no launchers of their own.
+        pids_found = {f.pid for f in found}
+        found = [f for f in found if f.ppid not in pids_found]
         # A job's ranks that are no launcher's children here (a wrapper script between
         # them) make its launchers here active; otherwise only a launcher's own do.
         parented = {f.job for f in found if under[f.pid]}
@@ -225,6 +239,7 @@ class LauncherWatch:
             launcher=line.launcher,
             span=nnodes(line, env),
             started_at=started,
+            ppid=_parent(pid, self.proc),
         )
 
     def current(self) -> list[LauncherStatus]:

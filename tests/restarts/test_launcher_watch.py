@@ -112,3 +112,36 @@ def test_a_spare_reaches_the_backend_over_http_and_reads_as_the_jobs_shape(
     assert got["elastic"] is True
     (listed,) = [j for j in client.get("/api/v1/jobs").json() if j["name"] == "job1"]
     assert listed["spare_capacity"] == 1
+
+
+FORKING = """import os, time
+if os.fork() == 0:  # like NVRx's rank monitor: a fork, the same command line
+    time.sleep(600)
+else:
+    time.sleep(600)
+"""
+
+
+def test_a_launchers_own_forks_are_not_launchers_of_their_own(
+    make_node: Any, spawn: Any, tmp_path: Path
+) -> None:
+    node = make_node()
+    script = tmp_path / "bin" / "ft_launcher"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(FORKING)
+    launcher = spawn([str(script), "--nnodes", "2", "--rdzv-id", "job1", "train.py"],
+                     node.local.socket_path)  # fmt: skip
+    forked = wait_for(lambda: _children(launcher.pid), 30, 0.1)
+    assert forked  # the fork runs, with the launcher's command line
+    listed = wait_for(lambda: node.local.launchers.scan(), 30, 0.2)
+    assert [(s.pid, s.launcher, s.state, s.max_nodes) for s in listed] == [
+        (launcher.pid, "ft_launcher", "spare", 2)
+    ]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
