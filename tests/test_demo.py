@@ -67,6 +67,17 @@ def test_demo_runs_nodes_and_the_training_job_until_ctrl_c(tmp_path: Path, launc
         assert len({r["node"] for r in ranks}) == 2, ranks
         banner = log.read_text()
         assert "waits as a hot spare" in banner
+        # The job's shape: the spare's agent lists its waiting launcher. Which launcher
+        # waits is the rendezvous's choice (ft_launcher's is not always the last started):
+        # the node without ranks.
+        training = {r["node"] for r in ranks}
+        (idle,) = {n["name"] for n in nodes} - training
+        shape = wait_for(
+            lambda: (s := api.get(f"/jobs/{job['name']}").json()["shape"])["spares"] and s, 60
+        )
+        assert [(x["node"], x["available"]) for x in shape["spares"]] == [(idle, True)], shape
+        assert shape["active"] == sorted(training), shape
+        assert (shape["min_nodes"], shape["max_nodes"]) == (2, 2)
         if launcher == "torchrun":
             assert "3 torchruns x 2 ranks" in banner
             assert {(r["launcher"], r["in_process"]) for r in ranks} == {("torchrun", False)}

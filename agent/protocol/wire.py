@@ -237,6 +237,29 @@ class RankStatus(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True,
     timeouts: Timeouts | None = None
 
 
+MAX_LAUNCHERS = 256
+NodeCount = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+# What a launcher on the node does for its job: `active` (ranks of the job run under it
+# here), `spare` (it never started workers: it waits in the rendezvous, beyond --nnodes
+# MAX, as a hot spare), `restarting` (its workers are gone and it has not started new
+# ones yet: between two rounds of the rendezvous).
+LauncherState = Literal["active", "spare", "restarting"]
+
+
+class LauncherStatus(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):
+    """One torchrun or ft_launcher of a job on the agent's node (the job's shape: which
+    nodes train, which wait as spares), as the agent reads it from /proc."""
+
+    job: Name
+    pid: Annotated[int, Meta(ge=1, le=2**31 - 1)]
+    state: LauncherState
+    launcher: Literal["torchrun", "ft_launcher"]
+    min_nodes: NodeCount | None = None  # --nnodes MIN:MAX (N: both N); None: not given
+    max_nodes: NodeCount | None = None
+    ranks: Annotated[int, Meta(ge=0, le=MAX_RANKS)] = 0  # live ranks under it here
+    started_at: Ts | None = None  # the process's start time
+
+
 class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One POST /api/v1/ingest body.
 
@@ -261,6 +284,10 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # node that died. Omitted otherwise, so old agents' batches are unchanged; an old
     # backend refuses this one batch (422) and the node reads "down" as before.
     going_away: Text | None = None
+    # The job launchers on the node (LauncherStatus), sent when they change and every
+    # half-minute; None: not in this batch (an old agent's, or unchanged), [] none runs.
+    # An old backend refuses a batch with it (422).
+    launchers: Annotated[list[LauncherStatus], Meta(max_length=MAX_LAUNCHERS)] | None = None
 
 
 class IngestResult(msgspec.Struct):
@@ -274,6 +301,8 @@ class IngestResult(msgspec.Struct):
     # are still taken at the agent's own interval; urgent events still go at once).
     # Absent from older backends.
     batch_interval_s: float | None = None
+    # True: this backend stores `Batch.launchers` (the agent sends them only then).
+    launchers: bool | None = None
 
 
 # --- commands: backend -> agent, over the agent's own connection -------------------------

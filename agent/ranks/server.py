@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from trainguard.agent.ranks.launchers import LauncherWatch
 from trainguard.agent.ranks.liveness import Liveness, ProcInfo, pid_reused, proc_info
 from trainguard.agent.ranks.table import RankRecord, RankTable
 from trainguard.protocol.discovery import SOCKET_DIRS_ENV, probe_socket, socket_candidates
@@ -49,7 +50,7 @@ from trainguard.protocol.messages import (
     decode_from_sdk,
     encode,
 )
-from trainguard.protocol.wire import MAX_TIMEOUT_S, RankStatus
+from trainguard.protocol.wire import MAX_TIMEOUT_S, LauncherStatus, RankStatus
 
 __all__ = ["LocalServer", "ProcInfo", "RankRecord", "proc_info", "well_known_socket"]
 
@@ -146,6 +147,9 @@ class LocalServer:
         # writable by all, whatever the agent's umask; its folder decides who reaches it.
         self.shared_socket = self.socket_path == socket_candidates()[0]
         self.table = RankTable(agent.outbox)
+        # The node's torchrun/ft_launcher processes, active or waiting as hot spares,
+        # for the uplink's batches (the job's shape).
+        self.launchers = LauncherWatch(self.socket_path, self._live_parents)
         self.liveness = Liveness(self.table, **liveness)
         # How long a launcher restart command waits for new workers (the command loop's
         # restarted_timeout_s, set where both are made), reported with the ranks' timeouts.
@@ -197,6 +201,7 @@ class LocalServer:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self.liveness.selector = self._sel
         self.agent.outbox.ranks_provider = self.listed_ranks
+        self.agent.outbox.launchers_provider = self.listed_launchers
         self._listing_from = time.monotonic() + self.settle_s
         self._stop.clear()
         self._next_check = math.inf
@@ -375,6 +380,19 @@ class LocalServer:
         if time.monotonic() < self._listing_from:
             return None
         return self.rank_statuses()
+
+    def _live_parents(self) -> list[tuple[str, int]]:
+        """(job, the process that started it) of every live rank here."""
+        with self.cond:
+            return [(r.job, r.ppid) for r in self.table.ranks.values() if r.alive]
+
+    def listed_launchers(self, force: bool = False) -> list[LauncherStatus] | None:
+        """The node's launchers when due for a batch (LauncherWatch.provider); none in
+        the first `settle_s`, while the ranks already running register again (a launcher
+        of theirs would read as a spare)."""
+        if time.monotonic() < self._listing_from:
+            return None
+        return self.launchers.provider(force)
 
     def job_ranks(self, job: str, alive_only: bool = True) -> list[RankRecord]:
         """The records of a job's ranks (call under `cond` when consistency matters)."""

@@ -14,13 +14,12 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import NamedTuple
 
+from trainguard.protocol.launchers import DEFAULT_RUN_IDS, given_job
 from trainguard.protocol.wire import wire_name
 
 # The wire's `Name` (trainguard.protocol.wire): letters, digits and ._:@- (no "/": names
 # are URL parts).
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._:@-]")
-# torchrun's and ft_launcher's --rdzv-id default: the same string for every job.
-_DEFAULT_RUN_IDS = frozenset({"", "none"})
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1", "0.0.0.0"})
 
@@ -180,18 +179,13 @@ def job_identity(
         shown = given_display or display or f"{script}-{_short_id(job)}"
         return JobIdentity(job, wire_name(shown), launcher, source)
 
-    explicit = env.get("TRAINGUARD_JOB", "").strip()
-    if explicit:
-        return named(explicit, "TRAINGUARD_JOB", wire_name(explicit))
-    slurm_job = env.get("SLURM_JOB_ID", "").strip()
-    if slurm_job:
-        step = env.get("SLURM_STEP_ID", "").strip()
-        # 0xFFFFFFF0 and above are the batch, extern and interactive steps, not srun's
-        if step.isdigit() and int(step) < 0xFFFFFFF0:
-            slurm_job = f"{slurm_job}.{step}"
-        return named(slurm_job, "slurm")
+    given = given_job(env)  # the rule a launcher's job is read with too (protocol)
+    if given and env.get("TRAINGUARD_JOB", "").strip():
+        return named(given, "TRAINGUARD_JOB", wire_name(given))
+    if given:
+        return named(given, "slurm")
     run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
-    if run_id.lower() not in _DEFAULT_RUN_IDS:
+    if run_id.lower() not in DEFAULT_RUN_IDS:
         return named(run_id, "run_id")
     host = socket.gethostname() if host is None else host
     master = (env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip())

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trainguard.protocol.launchers import parse_launcher
+
 # NVRx FaultToleranceConfig's defaults (0.4.1 to 0.7.0, fault_tolerance/config.py): what
 # ft_launcher uses for a value its arguments and --ft-cfg-path leave out.
 FT_DEFAULTS = {
@@ -42,16 +44,6 @@ for _name, _key in _FT_CONFIG.items():
     _OPTIONS[f"--ft-param-{_name}"] = _key
 _OPTIONS["--monitor_interval"] = "monitor_interval_s"
 _CFG_OPTIONS = ("--ft-cfg-path", "--ft-cfg_path", "--fault-tol-cfg-path")
-# Launcher options that take no value (the first other word is the training script).
-_FLAGS = frozenset(
-    {"--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
-)
-_LAUNCHERS = {"torchrun": "torchrun", "ft_launcher": "ft_launcher"}
-_LAUNCHER_MODULES = {
-    "torch.distributed.run": "torchrun",
-    "torch.distributed.launch": "torchrun",
-    "nvidia_resiliency_ext.fault_tolerance.launcher": "ft_launcher",
-}
 _NO_VALUE = ("none", "null", "")  # NVRx 0.6+: "no timeout"
 
 
@@ -98,34 +90,16 @@ def launcher_timeouts(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, 
 
 def _launcher_options(argv: Sequence[str]) -> tuple[str | None, dict[str, str]]:
     """Which launcher `argv` runs and its options that set timeouts ({key: text}, and
-    "cfg": the --ft-cfg-path file), up to the training script."""
-    which, start = None, 0
-    for i, arg in enumerate(argv):
-        name = os.path.basename(arg)
-        if name in _LAUNCHERS:
-            which, start = _LAUNCHERS[name], i + 1
-            break
-        if arg in _LAUNCHER_MODULES and i > 0 and argv[i - 1] == "-m":
-            which, start = _LAUNCHER_MODULES[arg], i + 1
-            break
-    if which is None:
-        return None, {}
+    "cfg": the --ft-cfg-path file), up to the training script (the protocol's parser,
+    which the agent reads launchers with too)."""
+    line = parse_launcher(argv)
     found: dict[str, str] = {}
-    i = start
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("-") or arg == "--":
-            break  # the training script: what follows is its own
-        name, eq, value = arg.partition("=")
-        if not eq and name not in _FLAGS:
-            value = argv[i + 1] if i + 1 < len(argv) else ""
-            i += 1
+    for name, value in line.options.items():
         if name in _OPTIONS:
             found[_OPTIONS[name]] = value
         elif name in _CFG_OPTIONS:
             found["cfg"] = value
-        i += 1
-    return which, found
+    return line.launcher, found
 
 
 _CFG_LINE = re.compile(r"^\s+([a-z_]+)\s*:\s*([^#\s]*)\s*(#.*)?$")

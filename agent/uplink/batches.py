@@ -19,6 +19,7 @@ from trainguard.protocol.wire import (
     Event,
     GpuInfo,
     GpuSample,
+    LauncherStatus,
     RankStatus,
     StepReport,
     encode,
@@ -52,6 +53,7 @@ class Part:
     steps: list[StepReport]
     gpus: list[GpuInfo] | None
     ranks: list[RankStatus] | None
+    launchers: list[LauncherStatus] | None = None
 
     def records(self) -> int:
         return len(self.samples) + len(self.events) + len(self.steps)
@@ -59,7 +61,14 @@ class Part:
     def halves(self) -> tuple[Part, Part]:
         hs, he, ht = len(self.samples) // 2, len(self.events) // 2, len(self.steps) // 2
         return (
-            Part(self.samples[:hs], self.events[:he], self.steps[:ht], self.gpus, self.ranks),
+            Part(
+                self.samples[:hs],
+                self.events[:he],
+                self.steps[:ht],
+                self.gpus,
+                self.ranks,
+                self.launchers,
+            ),
             Part(self.samples[hs:], self.events[he:], self.steps[ht:], None, None),
         )
 
@@ -75,12 +84,13 @@ class Part:
             events=self.events,
             steps=self.steps,
             ranks=self.ranks,
+            launchers=self.launchers,
         )
 
 
 def merged(a: Batch, b: Batch, max_bytes: int) -> tuple[Batch, bytes] | None:
     """`b`'s records after `a`'s, under `a`'s key (node, agent_id, seq) with `b`'s time
-    and latest state (GPU inventory, rank status), and its JSON; None when it would pass
+    and latest state (GPU inventory, rank status, launchers), and its JSON; None when it would pass
     a wire limit or `max_bytes` encoded."""
     if (
         len(a.samples) + len(b.samples) > MAX_SAMPLES
@@ -93,6 +103,7 @@ def merged(a: Batch, b: Batch, max_bytes: int) -> tuple[Batch, bytes] | None:
         sent_at=b.sent_at,
         gpus=b.gpus if b.gpus is not None else a.gpus,
         ranks=b.ranks if b.ranks is not None else a.ranks,
+        launchers=b.launchers if b.launchers is not None else a.launchers,
         samples=a.samples + b.samples,
         events=a.events + b.events,
         steps=a.steps + b.steps,

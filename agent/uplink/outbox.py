@@ -14,7 +14,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainguard.protocol.wire import Event, GpuInfo, GpuSample, RankStatus, StepReport
+from trainguard.protocol.wire import (
+    Event,
+    GpuInfo,
+    GpuSample,
+    LauncherStatus,
+    RankStatus,
+    StepReport,
+)
 
 
 @dataclass
@@ -24,10 +31,18 @@ class Drained:
     steps: list[StepReport] = field(default_factory=list)
     gpus: list[GpuInfo] | None = None
     ranks: list[RankStatus] | None = None
+    launchers: list[LauncherStatus] | None = None
     dropped: int = 0
 
     def empty(self) -> bool:
-        return not (self.samples or self.events or self.steps or self.gpus or self.ranks)
+        return not (
+            self.samples
+            or self.events
+            or self.steps
+            or self.gpus
+            or self.ranks
+            or self.launchers is not None
+        )
 
 
 class Outbox:
@@ -42,6 +57,14 @@ class Outbox:
         self.urgent = threading.Event()
         # Called at drain time for the current rank table (set by the local SDK server).
         self.ranks_provider: Callable[[], list[RankStatus] | None] | None = None
+        # Called at drain time for the node's launchers when they are due (the launcher
+        # watch's), once the backend said it stores them (`want_launchers`, set by the
+        # uplink from its answers: an older backend refuses a batch with them).
+        self.launchers_provider: Callable[[bool], list[LauncherStatus] | None] | None = None
+        self.want_launchers = False
+        # Set by the uplink when it spooled a batch's list (never replayed: it could undo
+        # a newer one): the next drain asks for the current list at once.
+        self.launchers_unsent = False
 
     def _trim(self, q: deque) -> None:
         while len(q) > self._max:
@@ -73,6 +96,10 @@ class Outbox:
     def drain(self, max_samples: int, max_events: int, max_steps: int) -> Drained:
         """Take up to the given number of each record kind, oldest first."""
         ranks = self.ranks_provider() if self.ranks_provider else None
+        launchers = None
+        if self.want_launchers and self.launchers_provider is not None:
+            launchers = self.launchers_provider(self.launchers_unsent)
+            self.launchers_unsent = False
         with self._lock:
             out = Drained(
                 samples=[
@@ -82,6 +109,7 @@ class Outbox:
                 steps=[self._steps.popleft() for _ in range(min(max_steps, len(self._steps)))],
                 gpus=self._gpus,
                 ranks=ranks,
+                launchers=launchers,
                 dropped=self._dropped,
             )
             self._gpus = None

@@ -275,6 +275,7 @@ class Uplink:
             list(d.steps),
             d.gpus[:MAX_GPUS] if d.gpus is not None else None,
             d.ranks[:MAX_RANKS] if d.ranks is not None else None,
+            d.launchers,
         )
         try:
             decode_batch(encode(part.batch(self.config.node, self.agent_id, 1, 0.0, False)))
@@ -288,6 +289,8 @@ class Uplink:
             valid_records(part.steps, StepReport, errors),
             valid_records(part.gpus, GpuInfo, errors) if part.gpus is not None else None,
             valid_records(part.ranks, RankStatus, errors) if part.ranks is not None else None,
+            # the watch builds them through the wire's own types: none is invalid
+            part.launchers,
         )
         self._stats.records_invalid += len(errors)
         log.warning("dropped %d invalid records (first: %s)", len(errors), errors[:1])
@@ -308,8 +311,17 @@ class Uplink:
     def _spool(self, batch: Batch) -> None:
         """Spool a batch that was sent (the backend may hold it: it keeps its seq)."""
         self._unsent = None
+        batch = self._without_launchers(batch)
         if self.spool.put(batch):
             self._stats.batches_spooled += 1
+
+    def _without_launchers(self, batch: Batch) -> Batch:
+        """`batch` to spool: its launcher list is left out (replayed after a newer one,
+        it would undo it) and the current list goes with the next batch instead."""
+        if batch.launchers is None:
+            return batch
+        self.outbox.launchers_unsent = True
+        return msgspec.structs.replace(batch, launchers=None)
 
     def _spool_unsent(self, part: Part) -> None:
         """Spool records never sent: into the newest entry, under its seq, when that one
@@ -319,13 +331,14 @@ class Uplink:
         backend lacks is still a batch the spool dropped."""
         if self._unsent is not None:
             entry, held = self._unsent
-            both = merged(held, self._batch(part, held.seq), self._merge_limit())
+            fresh = self._without_launchers(self._batch(part, held.seq))
+            both = merged(held, fresh, self._merge_limit())
             if both is not None and (kept := self.spool.replace(entry, both[1])):
                 self._unsent = (kept, both[0])
                 self._stats.batches_merged += 1
                 return
         self._unsent = None
-        batch = self._numbered(part)
+        batch = self._without_launchers(self._numbered(part))
         if spooled := self.spool.put(batch):
             self._unsent = (spooled, batch)
             self._stats.batches_spooled += 1
@@ -449,6 +462,7 @@ class Uplink:
             pace = result.get("batch_interval_s")
             if isinstance(pace, int | float) and not isinstance(pace, bool):
                 self._server_interval = min(max(float(pace), 0.0), MAX_SERVER_INTERVAL_S)
+            self.outbox.want_launchers = result.get("launchers") is True
         if isinstance(received, int | float):
             self._clock_offset(float(received) - mid)
         elif "date" in resp.headers:  # 1 s resolution: a hint only

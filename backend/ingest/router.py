@@ -166,6 +166,7 @@ async def handle(request: Request) -> Response:
     except DatabaseUnavailable:
         raise _unavailable() from None
     result.batch_interval_s = request.app.state.settings.agent_batch_interval_s
+    result.launchers = True  # this backend stores Batch.launchers (the job's shape)
     return Response(wire.encode(result), media_type=wire.JSON_TYPE, headers=_HEADERS)
 
 

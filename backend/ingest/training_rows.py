@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
 
-from trainguard.backend.models import Event, Job, Rank, Step
+from trainguard.backend.models import Event, Job, NodeLauncher, Rank, Step
 from trainguard.protocol import wire
 
 if TYPE_CHECKING:
@@ -114,13 +114,48 @@ class TrainingStatements:
         if gone:
             conn.execute(update(Rank).where(Rank.id.in_(gone)).values(alive=False))
 
+    def _store_launchers(
+        self, conn: Connection, fresh: list[tuple[_Item, int]], job_ids: dict[str, int]
+    ) -> None:
+        """A batch with a launcher list carries all its node's launchers: the node's rows
+        are replaced by the newest list (a node's batches come in order; of two in one
+        group, the later)."""
+        latest: dict[int, tuple[_Item, list[wire.LauncherStatus]]] = {}
+        for it, nid in fresh:
+            if it.batch.launchers is not None:
+                latest[nid] = (it, it.batch.launchers)
+        if not latest:
+            return
+        conn.execute(delete(NodeLauncher).where(NodeLauncher.node_id.in_(sorted(latest))))
+        rows = [
+            {
+                "node_id": nid,
+                "job_id": job_ids[lc.job],
+                "pid": lc.pid,
+                "state": lc.state,
+                "launcher": lc.launcher,
+                "min_nodes": lc.min_nodes,
+                "max_nodes": lc.max_nodes,
+                "ranks": lc.ranks,
+                "started_at": lc.started_at,
+                "reported_at": it.received_at,
+            }
+            for nid, (it, launchers) in sorted(latest.items())
+            for lc in launchers
+        ]
+        if rows:
+            conn.execute(insert(NodeLauncher), rows)
+
     def _store_jobs(self, conn: Connection, fresh: list[tuple[_Item, int]]) -> int:
         self._unlisted_ranks(conn, fresh)
         names = {s.job for it, _ in fresh for s in it.batch.steps}
         names |= {r.job for it, _ in fresh for r in it.batch.ranks or ()}
+        names |= {lc.job for it, _ in fresh for lc in it.batch.launchers or ()}
         if not names:
+            self._store_launchers(conn, fresh, {})
             return 0
         job_ids = self._resolve_jobs(conn, names, min(it.received_at for it, _ in fresh))
+        self._store_launchers(conn, fresh, job_ids)
         steps = [
             {
                 "job_id": job_ids[s.job],

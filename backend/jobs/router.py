@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from trainguard.backend import errors
 from trainguard.backend.auth import ViewerDep
 from trainguard.backend.db import SessionDep
-from trainguard.backend.jobs import service, timeouts
+from trainguard.backend.jobs import service, shape, timeouts
 from trainguard.backend.jobs.schemas import Job, JobDetail, JobSteps
 from trainguard.backend.names import JobName
 
@@ -22,8 +22,10 @@ router = APIRouter(tags=["jobs"])
     summary="Every job, most recently active first",
     responses=errors.responses(*errors.VIEWER),
 )
-def list_jobs(session: SessionDep, _: ViewerDep) -> list[Job]:
-    return [Job.model_validate(j) for j in service.list_jobs(session)]
+def list_jobs(session: SessionDep, request: Request, _: ViewerDep) -> list[Job]:
+    since = time.time() - request.app.state.settings.node_down_after_s
+    spares = shape.spare_capacity(session, since)
+    return [Job.model_validate(j) for j in service.list_jobs(session, spares)]
 
 
 @router.get(
@@ -40,6 +42,8 @@ def get_job(job: JobName, request: Request, session: SessionDep, _: ViewerDep) -
     out["capabilities"] = service.capabilities(session, j.id, since)
     out.update(service.launcher_budget(session, j.id, since))
     out["timeout_warnings"] = timeouts.warnings(session, j.id, since)
+    out["shape"] = shape.shape(session, j, since)
+    out["spare_capacity"] = out["shape"]["spare_capacity"]
     return JobDetail.model_validate(out)
 
 

@@ -21,6 +21,11 @@ class Job(BaseModel):
     state_since: float | None
     state_reason: str
     ended_at: float | None
+    spare_capacity: int = Field(
+        default=0,
+        description="hot spares of the job that could join now: launchers waiting on nodes "
+        "whose agent reports and that are not cordoned",
+    )
 
 
 class Rank(BaseModel):
@@ -63,8 +68,43 @@ class Capabilities(BaseModel):
     levels: list[str]
 
 
+class Spare(BaseModel):
+    node: str
+    pid: int = Field(description="the waiting launcher's process on the node")
+    launcher: str = Field(description="torchrun or ft_launcher")
+    started_at: float | None
+    reported_at: float = Field(description="when its agent last listed it")
+    available: bool = Field(description="it could join now (counted as spare capacity)")
+    why: str | None = Field(description="why it could not (agent down, node cordoned)")
+
+
+class Excluded(BaseModel):
+    node: str
+    incident_id: int | None
+    at: float = Field(description="when it was cordoned")
+    reason: str
+
+
+class Shape(BaseModel):
+    """Which nodes train the job, which wait as hot spares, which were excluded, and its
+    --nnodes MIN:MAX (docs/engine.md, "The job's shape")."""
+
+    active: list[str] = Field(description="nodes with live ranks or an active launcher")
+    spares: list[Spare] = Field(description="nodes whose launcher of the job waits")
+    spare_capacity: int = Field(description="spares that could join now")
+    excluded: list[Excluded] = Field(description="nodes cordoned by this job's incidents")
+    min_nodes: int | None = Field(description="--nnodes MIN (None: no launcher reported)")
+    max_nodes: int | None = Field(description="--nnodes MAX")
+    elastic: bool = Field(description="MIN < MAX: the job may re-form smaller")
+    reported: bool = Field(
+        description="an agent listed launchers of the job (false: agents older than the "
+        "launcher list, or no torchrun/ft_launcher: spares cannot be seen)"
+    )
+
+
 class JobDetail(Job):
     ranks: list[Rank]
+    shape: Shape
     capabilities: Capabilities
     # The launcher's restart budget, from the live ranks (jobs.service.launcher_budget):
     # its --max-restarts, the restarts used, and what is left (None: not declared).

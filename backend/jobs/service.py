@@ -52,7 +52,7 @@ def get_job(session: Session, name: str) -> Job:
     return job
 
 
-def job_dict(job: Job, open_incidents: int = 0) -> dict[str, Any]:
+def job_dict(job: Job, open_incidents: int = 0, spare_capacity: int = 0) -> dict[str, Any]:
     return {
         "name": job.name,
         "first_seen": job.first_seen,
@@ -67,10 +67,12 @@ def job_dict(job: Job, open_incidents: int = 0) -> dict[str, Any]:
         "state_since": job.state_since,
         "state_reason": job.state_reason,
         "ended_at": job.ended_at,
+        "spare_capacity": spare_capacity,
     }
 
 
-def list_jobs(session: Session) -> list[dict[str, Any]]:
+def list_jobs(session: Session, spares: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """Every job, most recently active first; `spares`: spare capacity by job id."""
     open_counts = dict(
         session.execute(
             select(Incident.job_id, func.count())
@@ -79,7 +81,8 @@ def list_jobs(session: Session) -> list[dict[str, Any]]:
         ).all()
     )
     jobs = session.scalars(select(Job).order_by(Job.last_seen.desc())).all()
-    return [job_dict(j, open_counts.get(j.id, 0)) for j in jobs]
+    spares = spares or {}
+    return [job_dict(j, open_counts.get(j.id, 0), spares.get(j.id, 0)) for j in jobs]
 
 
 def live_ranks(session: Session, job: Job, fresh_within_s: float) -> list[tuple[Rank, str]]:

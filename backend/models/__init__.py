@@ -17,7 +17,7 @@ from trainguard.backend.models.cluster import (
     sample_bucket,
 )
 from trainguard.backend.models.control import AuditLog, Command, CommandAck, Incident
-from trainguard.backend.models.jobs import JOB_ENDED, JOB_STATES, Job, Rank, Step
+from trainguard.backend.models.jobs import JOB_ENDED, JOB_STATES, Job, NodeLauncher, Rank, Step
 from trainguard.protocol.wire import TIMELINE  # the timeline is part of the API contract
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Job",
     "Node",
     "NodeCordon",
+    "NodeLauncher",
     "Rank",
     "Sample",
     "SampleRollup",

@@ -100,3 +100,24 @@ class Step(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     iteration: Mapped[int] = mapped_column(Integer, default=0)
     compute_s: Mapped[float | None] = mapped_column(Float)  # the rank's own work in the step
+
+
+class NodeLauncher(Base):
+    """A torchrun or ft_launcher of a job on a node, as its agent last listed them
+    (wire.LauncherStatus): the job's shape, hot spares included (a spare's launcher
+    starts no rank, so only this says it is there). A node's rows are replaced by each
+    list its agent sends."""
+
+    __tablename__ = "node_launchers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    pid: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))  # active | spare | restarting
+    launcher: Mapped[str] = mapped_column(String(16))  # torchrun | ft_launcher
+    min_nodes: Mapped[int | None] = mapped_column(Integer)  # --nnodes MIN:MAX
+    max_nodes: Mapped[int | None] = mapped_column(Integer)
+    ranks: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    reported_at: Mapped[float] = mapped_column(Float)  # when the backend received the list

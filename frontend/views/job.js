@@ -1,5 +1,5 @@
 // Job view (#/jobs/<name>): the job's state (since when and why; when it ended), what it
-// can carry out (in-process under NVRx's Wrapper or not, which launcher), its generation
+// can carry out (its nodes: training, hot spares, excluded, --nnodes; in-process under NVRx's Wrapper or not, which launcher), its generation
 // (attempt, in-process iteration), the timeout warnings (timeouts in the wrong order), step
 // time per rank as a heatmap over time and the cohort's median and worst rank as a line
 // chart, straggler scores and flags, the ranks, goodput with its badput breakdown over
@@ -24,6 +24,7 @@ import { jobHeader } from "./job/header.js";
 import { incidentsPanel } from "./job/incidents.js";
 import { ranksPanel } from "./job/ranks.js";
 import { restartControl } from "./job/restart.js";
+import { shapePanel } from "./job/shape.js";
 import { stepsPanel } from "./job/steps.js";
 import { stragglersPanel } from "./job/stragglers.js";
 import { timeoutsPanel } from "./job/timeouts.js";
@@ -43,6 +44,7 @@ export function mount(root, ctx) {
   const header = jobHeader(name);
   const restart = restartControl({ name, signal: ctx.signal, current: () => job, reload: () => loadJob() });
   const caps = capabilitiesPanel();
+  const shape = shapePanel();
   const timeouts = timeoutsPanel();
   const steps = stepsPanel();
   const stragglers = stragglersPanel();
@@ -65,6 +67,7 @@ export function mount(root, ctx) {
     ),
     header.facts,
     timeouts.el,
+    shape.el,
     caps.el,
     steps.el,
     // Full width each: the ranks table's nine columns clipped the heartbeat at half a page.
@@ -87,6 +90,7 @@ export function mount(root, ctx) {
   function showJob(j) {
     job = j;
     header.update(j);
+    shape.update(j);
     caps.update(j);
     timeouts.update(j);
     restart.update(j);
@@ -102,6 +106,7 @@ export function mount(root, ctx) {
       if (error.status === 404 && !/^Not Found$/.test(error.detail)) {
         header.missing();
         caps.clear();
+        shape.clear();
         timeouts.clear();
         restart.disable();
         return false;

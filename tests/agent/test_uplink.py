@@ -25,6 +25,7 @@ from trainguard.protocol.wire import (
     Batch,
     Event,
     GpuSample,
+    LauncherStatus,
     decode_batch,
     decode_batch_msgpack,
 )
@@ -41,6 +42,7 @@ class Backend:
         self.requests: list[httpx.Request] = []
         self.received_at = T0 + 3.0
         self.pace: object = None  # batch_interval_s in the answer, when set
+        self.launchers = False  # stores Batch.launchers and says so, as a new backend
         self.msgpack = False  # takes MessagePack and says so (Accept-Post), as a new backend
         self.lose: set[int] = set()  # seqs whose answer is lost once (stored, then a timeout)
         self._lock = threading.Lock()
@@ -82,6 +84,7 @@ class Backend:
                 "stored_steps": len(b.steps),
                 "received_at": self.received_at,
                 **({} if self.pace is None else {"batch_interval_s": self.pace}),
+                **({"launchers": True} if self.launchers else {}),
             },
             headers={"Accept-Post": f"application/json, {MSGPACK_TYPE}"} if self.msgpack else {},
         )
@@ -569,3 +572,41 @@ def test_after_a_slow_answer_the_uplink_ticks_on_its_old_phase(tmp_path: Path, w
     after = backend.sent[4:8]  # the 4th went when the slow answer came: the missed slot
     offsets = [((t - first) + 0.2) % 0.4 - 0.2 for t in after]  # from the grid, in (-0.2, 0.2]
     assert all(abs(o) < 0.08 for o in offsets), [round(o, 3) for o in offsets]
+
+
+def test_launchers_go_only_to_a_backend_that_stores_them_and_are_never_replayed(
+    tmp_path: Path,
+):
+    backend = Backend()
+    up, mono = uplink(tmp_path, backend)
+    spare = [LauncherStatus(job="job", pid=42, state="spare", launcher="torchrun")]
+    asked: list[bool] = []
+
+    def provider(force: bool) -> list[LauncherStatus] | None:
+        asked.append(force)
+        return spare
+
+    up.outbox.launchers_provider = provider
+    up.outbox.put_samples(samples(1))
+    up.tick()  # an older backend: no list asked for, so none sent (it would refuse it)
+    assert asked == [] and backend.batches[-1].launchers is None
+    backend.launchers = True
+    up.outbox.put_samples(samples(1))
+    up.tick()  # the answer before said nothing: still none
+    up.outbox.put_samples(samples(1))
+    up.tick()
+    assert asked == [False] and backend.batches[-1].launchers == spare
+    backend.mode = "503"
+    up.outbox.put_samples(samples(1))
+    up.tick()  # refused: spooled without its list, which goes again with the next batch
+    assert asked == [False, False]
+    assert len(up.spool) == 1
+    backend.mode = "ok"
+    mono.t += 60
+    up.outbox.put_samples(samples(1))
+    up.tick()  # the spool goes first, in order: this tick's batch too, still without it
+    assert len(up.spool) == 0 and asked == [False, False, True]
+    assert [b.launchers for b in backend.batches if b.seq >= 4] == [None, None]
+    up.outbox.put_samples(samples(1))
+    up.tick()  # the link is back: the current list goes at once
+    assert asked[-1] is True and backend.batches[-1].launchers == spare

@@ -9,6 +9,9 @@ job's launcher there; the first node's workers get a launcher restart; the rende
 re-forms with the spare, and training resumes from the last checkpoint on the first node
 and the spare. The first node's launcher hosts the c10d rendezvous store (`is_host`), so
 the fault goes to the second node (docs/engine.md, "A node leaves the job", says why).
+The job's shape says so on `GET /jobs/{job}`: before, nodes 0 and 1 train and node 2
+waits as a spare (its agent lists its launcher: the job has no rank there); after, nodes 0
+and 2 train and node 1 is excluded by the incident.
 """
 
 from __future__ import annotations
@@ -89,6 +92,18 @@ class SpareStack(Stack):
         return ranks if all(len(done.get(r["rank"], ())) >= steps for r in ranks) else None
 
 
+def spare_listed(stack: SpareStack) -> dict[str, Any] | None:
+    """The job's shape once node 2's agent lists its launcher as a spare that could join."""
+    shape = stack.get(f"/jobs/{stack.job}")["shape"]
+    spares = [(s["node"], s["launcher"], s["available"]) for s in shape["spares"]]
+    return shape if spares == [("mx-node2", stack.cell.launcher, True)] else None
+
+
+def reshaped(stack: SpareStack) -> dict[str, Any] | None:
+    shape = stack.get(f"/jobs/{stack.job}")["shape"]
+    return shape if shape["active"] == ["mx-node0", "mx-node2"] else None
+
+
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("launcher", ["torchrun", "ft_launcher"])
 def test_an_excluded_node_leaves_the_job_and_the_spare_takes_its_place(
@@ -98,7 +113,11 @@ def test_an_excluded_node_leaves_the_job_and_the_spare_takes_its_place(
     with stack.running():
         ranks = wait_for(stack.live, 240, 0.5)
         stack.launch_node(2)  # the spare: the round is full, it waits
-        time.sleep(5)
+        # The job's shape: its agent lists the waiting launcher (the job has no rank there).
+        before = wait_for(lambda: spare_listed(stack), 60, 0.5)
+        assert before["active"] == ["mx-node0", "mx-node1"], before
+        assert (before["min_nodes"], before["max_nodes"], before["excluded"]) == (2, 2, []), before
+        assert stack.get("/jobs")[0]["spare_capacity"] == 1
         assert {r["node"] for r in stack.ranks() if r["alive"]} == {"mx-node0", "mx-node1"}
         (victim,) = [r for r in ranks if r["node"] == "mx-node1" and r["rank"] % PER_NODE]
         t0 = time.time()
@@ -126,6 +145,12 @@ def test_an_excluded_node_leaves_the_job_and_the_spare_takes_its_place(
         # Training goes on on node 0 and the spare, from the last checkpoint.
         after = wait_for(lambda: stack.live(after=t0), 240, 0.5)
         assert {r["node"] for r in after} == {"mx-node0", "mx-node2"}
+        # The shape: node 0 and the former spare train, node 1 is out, no spare is left.
+        shape = wait_for(lambda: reshaped(stack), 60, 0.5)
+        assert [(x["node"], x["incident_id"]) for x in shape["excluded"]] == [
+            ("mx-node1", inc["id"])
+        ], shape
+        assert (shape["spares"], shape["spare_capacity"]) == ([], 0), shape
         got = stack.get(f"/jobs/{stack.job}/steps", since=t["resumed_at"] - 1, limit=100000)
         first = min(got["columns"]["step"])
         # From the last checkpoint, not from scratch: the new ranks restored it.

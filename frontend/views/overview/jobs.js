@@ -1,5 +1,5 @@
 // The overview's Jobs panel: the active and recently ended jobs with their state,
-// generation, last step, goodput over the last 24 h and open incidents.
+// generation, last step, goodput over the last 24 h, hot spares ready and open incidents.
 import { emptyState, errorBox, h, replace } from "../../lib/dom.js";
 import { duration, fraction, jobLabel, jobState, jobStateBadge } from "../../lib/format.js";
 import { section } from "../../lib/panels.js";
@@ -23,6 +23,11 @@ function jobRow(job, goodput) {
     h("td", { class: "num", title: `world size ${job.world_size ?? "?"}` }, `${job.attempt ?? 0} / ${job.iteration ?? 0}`),
     h("td", { class: "num" }, job.last_step ?? "\u2014"),
     h("td", { class: "num col-goodput" }, goodputCell),
+    h(
+      "td",
+      { class: "num col-spares", dataset: { spares: String(job.spare_capacity ?? "") } },
+      job.spare_capacity === undefined ? h("span", { class: "muted", title: "not reported by this server" }, "n/a") : String(job.spare_capacity),
+    ),
     h(
       "td",
       { class: "num" },
@@ -77,6 +82,11 @@ export function jobsPanel() {
               ),
               h("th", { scope: "col", class: "num" }, "Step"),
               h("th", { scope: "col", class: "num", title: "goodput over the last 24 h" }, "Goodput"),
+              h(
+                "th",
+                { scope: "col", class: "num", title: "hot spares that could join now: launchers waiting on nodes whose agent reports and that are not cordoned" },
+                "Spares",
+              ),
               h("th", { scope: "col", class: "num", title: "open incidents" }, "Open"),
             ),
           ),
