@@ -441,9 +441,9 @@ def _start_job(
     procs.extend(started)
     n = len(started)
     spare = (
-        f";\n             {n - spares(n)} nodes train and demo-node-{n - 1} waits as a hot "
-        "spare: an excluded node leaves the job, the spare takes its place, and the "
-        "readmitted node becomes the new spare"
+        f";\n             {n - spares(n)} of the {n} nodes train and the other waits as a hot "
+        "spare (the rendezvous picks which): an excluded node leaves the job, the spare "
+        "takes its place, and the readmitted node becomes the new spare"
         if spares(n)
         else ""
     )
