@@ -154,7 +154,9 @@ def test_an_excluded_node_leaves_the_job_and_the_spare_takes_its_place(
         got = stack.get(f"/jobs/{stack.job}/steps", since=t["resumed_at"] - 1, limit=100000)
         first = min(got["columns"]["step"])
         # From the last checkpoint, not from scratch: the new ranks restored it.
-        restores = stack.get("/events", job=stack.job, kind="checkpoint")
+        restores = stack.get(
+            "/events", job=stack.job, kind="checkpoint", since=t["fault_at"], limit=1000
+        )
         restored = {
             e["data"].get("step")
             for e in restores
