@@ -167,27 +167,25 @@ def name_replacements(session: Session, now: float) -> None:
             changed(session, inc)
 
 
+def _nodes_of(session: Session, inc: Incident, action: str) -> set[str]:
+    """The nodes the incident's commands of `action` went to."""
+    stmt = (
+        select(Node.name)
+        .join(Command, Command.node_id == Node.id)
+        .where(Command.incident_id == inc.id, Command.action == action)
+    )
+    return set(session.scalars(stmt).all())
+
+
 def _resumed(session: Session, inc: Incident) -> str:
     """The outcome of a restart that resumed; after an exclusion, which node replaced the
     excluded one (a spare whose ranks now run the job), or that the job went on smaller."""
     if inc.level != "exclude_node" or inc.job_id is None:
         return "resumed"
-    left = sorted(
-        session.scalars(
-            select(Node.name)
-            .join(Command, Command.node_id == Node.id)
-            .where(Command.incident_id == inc.id, Command.action == "exclude_node")
-        ).all()
-    )
+    left = sorted(_nodes_of(session, inc, "exclude_node"))
     if not left:
         return "resumed"
-    restarted = set(
-        session.scalars(
-            select(Node.name)
-            .join(Command, Command.node_id == Node.id)
-            .where(Command.incident_id == inc.id, Command.action == "launcher")
-        ).all()
-    )
+    restarted = _nodes_of(session, inc, "launcher")
     job = session.get(Job, inc.job_id)
     since = inc.acted_at or 0.0
     joined = (

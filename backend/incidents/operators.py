@@ -105,19 +105,7 @@ def manual_restart(
                     code=RESTART_BUDGET,
                 )
             reason = f"{reason} (forced: {budget_text(budget)})"
-    inc = service.open_incident(
-        session,
-        job,
-        now=now,
-        trigger="manual",
-        triggered_by=actor,
-        cause="operator",
-        level=level,
-        reason=reason,
-        fault_at=now,
-        detected_at=now,
-        fault_step=job.last_step,
-    )
+    inc = _operator_incident(session, job, level, reason, actor, now)
     service.take_action(session, inc, now, restart=True)
     service.add_decision(
         session,
@@ -138,6 +126,32 @@ def manual_restart(
     )
     session.flush()
     return inc
+
+
+def _operator_incident(
+    session: Session,
+    job: Job,
+    level: str,
+    reason: str,
+    actor: str,
+    now: float,
+    node_id: int | None = None,
+) -> Incident:
+    """An incident an operator's action opens: its fault is the action, now."""
+    return service.open_incident(
+        session,
+        job,
+        now=now,
+        trigger="manual",
+        triggered_by=actor,
+        cause="operator",
+        level=level,
+        reason=reason,
+        fault_at=now,
+        detected_at=now,
+        fault_step=job.last_step,
+        node_id=node_id,
+    )
 
 
 # The conflict code of a cordon that would take a node out of running jobs without force.
@@ -202,20 +216,7 @@ def _exclude_by_hand(
     leave_grace_s: float,
 ) -> Incident:
     why = f"cordoned by {actor}: {reason}"
-    inc = service.open_incident(
-        session,
-        job,
-        now=now,
-        trigger="manual",
-        triggered_by=actor,
-        cause="operator",
-        level="exclude_node",
-        reason=why,
-        fault_at=now,
-        detected_at=now,
-        fault_step=job.last_step,
-        node_id=node.id,
-    )
+    inc = _operator_incident(session, job, "exclude_node", why, actor, now, node.id)
     service.take_action(session, inc, now, restart=True)
     targets: dict[int, list[int]] = {}
     for rank, _ in live_ranks(session, job, fresh_within_s):
