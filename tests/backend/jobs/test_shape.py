@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.backend.engine.conftest import make_cluster  # noqa: F401  # the fixture
 from trainguard.protocol import wire
 
 
@@ -28,7 +27,7 @@ def listed(c: Any) -> int:
 
 
 def test_two_nodes_train_a_third_waits_and_an_exclusion_takes_one_out(
-    make_cluster: Any,  # noqa: F811  # the fixture imported above
+    make_cluster: Any,  # the fixture imported above
 ) -> None:
     c = make_cluster(fresh=15.0)
     c.job("job", {"n0": (0, 1), "n1": (2, 3)})
@@ -62,7 +61,7 @@ def test_two_nodes_train_a_third_waits_and_an_exclusion_takes_one_out(
 
 
 def test_a_spare_whose_agent_is_down_or_whose_node_is_cordoned_is_no_capacity(
-    make_cluster: Any,  # noqa: F811
+    make_cluster: Any,
 ) -> None:
     c = make_cluster(fresh=15.0)
     c.job("job", {"n0": (0, 1)})
@@ -88,7 +87,7 @@ def test_a_spare_whose_agent_is_down_or_whose_node_is_cordoned_is_no_capacity(
 
 
 def test_a_job_without_launcher_lists_has_no_spares_and_says_so(
-    make_cluster: Any,  # noqa: F811
+    make_cluster: Any,
 ) -> None:
     c = make_cluster(fresh=15.0)
     c.job("job", {"n0": (0,), "n1": (1,)})
@@ -98,7 +97,7 @@ def test_a_job_without_launcher_lists_has_no_spares_and_says_so(
     )  # fmt: skip
 
 
-def test_a_bad_launcher_list_is_refused_with_the_field_named(make_cluster: Any) -> None:  # noqa: F811
+def test_a_bad_launcher_list_is_refused_with_the_field_named(make_cluster: Any) -> None:
     c = make_cluster()
     body = {"node": "n0", "agent_id": "agent-n0", "seq": 1, "sent_at": 1.0e9}
     one = {"job": "job", "pid": 1, "state": "dozing", "launcher": "torchrun"}
