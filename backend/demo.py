@@ -119,6 +119,13 @@ window_s = 120
 # re-entered more than 5 s apart on busy cores fail twice and fall back to a launcher
 # restart (docs/restarts.md, "The demo's 5 s gloo timeout"); the launcher matrix uses 15.
 GLOO_TIMEOUT_S = 15
+# The spare's launcher starts this long after the others, once their round formed: NVRx
+# 0.7's barrier rendezvous never completed with three launchers arriving for --nnodes 2.
+SPARE_DELAY_S = 30.0
+# Each run's rendezvous port, hosted by its first launcher, kept for a relaunched spare.
+# (The first node's agent's store as the rendezvous, `is_host=0`, trained under NVRx
+# 0.4.1 but never formed a round under 0.7's barrier rendezvous.)
+_RDZV_PORTS: dict[int, int] = {}
 
 
 def run_demo(
@@ -369,8 +376,8 @@ def _launch_job(
     only: int | None = None,
 ) -> list[subprocess.Popen[bytes]]:
     """The run's launchers (or node `only`'s): all but the spares train, the spares wait
-    in the rendezvous, which is served by the first node's agent's store (no launcher
-    hosts it, so none takes it along when its node leaves the job)."""
+    in the rendezvous (hosted by the first launcher to come up: an exclusion of its node
+    ends the run's rendezvous, and the demo starts the next run)."""
     assert store_port is not None and launcher is not None
     return demojob.launch(
         data_dir / f"job-{run}",
@@ -390,9 +397,9 @@ def _launch_job(
         shim=True,
         launcher=launcher,
         nnodes=len(sockets) - spares(len(sockets)),
-        rdzv_port=store_port,
-        rdzv_host=False,
+        rdzv_port=_RDZV_PORTS.setdefault(run, demojob.free_port()),
         only=only,
+        spare_delay_s=SPARE_DELAY_S,
     )
 
 

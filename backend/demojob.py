@@ -215,6 +215,7 @@ def launch(
     nnodes: int | None = None,
     rdzv_host: bool = True,
     only: int | None = None,
+    spare_delay_s: float = 0.0,
 ) -> list[subprocess.Popen[bytes]]:
     """One launcher per agent socket (= per imitated node); returns the launchers.
     `launcher` "ft_launcher" (the Wrapper inside) or "torchrun" (no NVRx: launcher
@@ -224,7 +225,9 @@ def launch(
     as a hot spare. `rdzv_host` False: no launcher hosts the rendezvous store, which is
     already served at `rdzv_port` (the first node's agent's store), so a node that leaves
     the job does not take it along. `only`: start node `only`'s launcher alone (a node
-    back from repair, as its scheduler would)."""
+    back from repair, as its scheduler would). `spare_delay_s`: the launchers beyond
+    `nnodes` start this much later, once the round has formed (NVRx 0.7's barrier
+    rendezvous does not complete when a spare joins the first round with the others)."""
     if launcher not in ("ft_launcher", "torchrun"):
         raise ValueError(f"launcher must be ft_launcher or torchrun, not {launcher!r}")
     work = Path(workdir).resolve()
@@ -292,6 +295,8 @@ def launch(
             launcher=launcher,
             rdzv_host=rdzv_host,
         )
+        if spare_delay_s > 0 and only is None and nnodes is not None and i >= nnodes:
+            cmd = ["/bin/sh", "-c", f'sleep {spare_delay_s:g}; exec "$@"', "sh", *cmd]
         log = open(work / f"launcher-{i}.log", "ab")  # noqa: SIM115 - owned by the child
         procs.append(
             subprocess.Popen(
