@@ -1,10 +1,12 @@
-"""What several benchmarks share: a fresh database at the head migration, a process's
-resident memory and CPU time."""
+"""What several benchmarks share: a fresh database at the head migration, a busy GPU's
+sample, a process's resident memory and CPU time."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from trainguard.protocol import wire
 
 
 def fresh_database(data_dir: Path, database_url: str | None, filename: str) -> str:
@@ -30,3 +32,21 @@ def rss_cpu(pid: int) -> tuple[float, float]:
         fields = f.read().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return rss, cpu
+
+
+def busy_sample(uuid: str, ts: float) -> wire.GpuSample:
+    """One sample of a busy, healthy H100-class GPU, as the agent sends it."""
+    return wire.GpuSample(
+        uuid=uuid,
+        ts=ts,
+        util=90.0,
+        mem_util=40.0,
+        mem_used_mib=60000.0,
+        temp_c=65.0,
+        power_w=650.0,
+        sm_clock_mhz=1980.0,
+        mem_clock_mhz=2619.0,
+        ecc_sbe_volatile=0,
+        ecc_dbe_volatile=0,
+        pcie_replay=0,
+    )

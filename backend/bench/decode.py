@@ -13,30 +13,14 @@ import statistics
 import time
 from typing import Any
 
+from trainguard.backend.bench.common import busy_sample
 from trainguard.protocol import wire
 
 T = 1.8e9
 
 
 def _samples(gpus: int = 8, per_gpu: int = 8) -> list[wire.GpuSample]:
-    return [
-        wire.GpuSample(
-            uuid=f"GPU-bench-{i}",
-            ts=T + k,
-            util=90.0,
-            mem_util=40.0,
-            mem_used_mib=60000.0,
-            temp_c=65.0,
-            power_w=650.0,
-            sm_clock_mhz=1980.0,
-            mem_clock_mhz=2619.0,
-            ecc_sbe_volatile=0,
-            ecc_dbe_volatile=0,
-            pcie_replay=0,
-        )
-        for k in range(per_gpu)
-        for i in range(gpus)
-    ]
+    return [busy_sample(f"GPU-bench-{i}", T + k) for k in range(per_gpu) for i in range(gpus)]
 
 
 # What the agent's producers put in each kind's data (agent/ranks, collectors, uplink).

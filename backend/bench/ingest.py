@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.backend.bench.common import rss_cpu
+from trainguard.backend.bench.common import busy_sample, rss_cpu
 
 TOKEN = "bench-token-0123456789abcdef"
 
@@ -79,24 +79,7 @@ class _Node:
         ] or None
         # The node's samples are built once and refreshed in place for each batch: the
         # generator shares the machine with what it measures (42 -> 30 us a batch).
-        self.samples = [
-            wire.GpuSample(
-                uuid=u,
-                ts=0.0,
-                util=90.0,
-                mem_util=40.0,
-                mem_used_mib=60000.0,
-                temp_c=65.0,
-                power_w=650.0,
-                sm_clock_mhz=1980.0,
-                mem_clock_mhz=2619.0,
-                ecc_sbe_volatile=0,
-                ecc_dbe_volatile=0,
-                pcie_replay=0,
-            )
-            for _ in range(per_batch)
-            for u in uuids
-        ]
+        self.samples = [busy_sample(u, 0.0) for _ in range(per_batch) for u in uuids]
         # The node's batches are due at its planned phase and every batch_interval after
         # it, not from whenever the generator first got to it: started late by a busy
         # process, the nodes' phases bunched, and the server got 1,000 to 3,000 batches
