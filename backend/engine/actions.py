@@ -184,36 +184,14 @@ class Actions:
     def _leave(
         self, session: Session, inc: Incident, job: Job, node: Node, entry: dict[str, Any]
     ) -> None:
-        """The excluded node leaves the job: an exclude_node command to its agent ends the
-        job's launcher there, so its workers cannot rejoin the next round (acks:
-        incidents.acks.record_leave). The job re-forms without it through the launcher
-        restart of its other nodes: on a spare launcher, or with fewer nodes where it is
-        elastic. A node hosting no rank of the job has nothing to end; the job's only node
-        keeps its launcher (docs/decisions.md)."""
+        """The excluded node leaves the job (incidents.service.leave_job). The job
+        re-forms without it through the launcher restart of its other nodes: on a spare
+        launcher, or with fewer nodes where it is elastic; the job's only node waits and,
+        readmitted, restarts it in place."""
         now = max(self.clock(), inc.acted_at or 0.0)
         hosts = q.job_nodes(session, job.id, now - self.fresh_within_s)
-        if node.id not in hosts:
-            entry["leave"] = f"{node.name} hosts no rank of job {job.name}: nothing ends there"
-            return
-        if set(hosts) == {node.id}:
-            # No other node to re-form the job: ending its launcher would end the job for
-            # good (trainguard starts no launcher). The job waits; readmitted, the node
-            # restarts it in place.
-            entry["leave"] = f"{node.name} is the only node of job {job.name}: its launcher stays"
-            return
-        entry["leave"] = f"{node.name} leaves job {job.name}: its launcher is ended"
-        reason = f"incident {inc.id}: {node.name} leaves job {job.name}"
         grace = self.policy.model.escalation.leave_grace_s
-        n = incidents.issue_commands(
-            session,
-            inc,
-            "exclude_node",
-            {node.id: hosts[node.id]},
-            now,
-            reason,
-            fault=False,
-            extra={"grace_s": grace},
-        )
+        n = incidents.leave_job(session, inc, job, node, hosts, now, grace, entry)
         self.commands += n
         self._count("commands", n)
 

@@ -218,10 +218,9 @@ def _exclude_by_hand(
     why = f"cordoned by {actor}: {reason}"
     inc = _operator_incident(session, job, "exclude_node", why, actor, now, node.id)
     service.take_action(session, inc, now, restart=True)
-    targets: dict[int, list[int]] = {}
+    hosts: dict[int, list[int]] = {}
     for rank, _ in live_ranks(session, job, fresh_within_s):
-        targets.setdefault(rank.node_id, []).append(rank.rank)
-    here = targets.pop(node.id, [])
+        hosts.setdefault(rank.node_id, []).append(rank.rank)
     entry: dict[str, Any] = {
         "at": now,
         "level": "exclude_node",
@@ -231,22 +230,10 @@ def _exclude_by_hand(
         "restart": True,
         "node": node.name,
     }
-    if not targets:
-        entry["leave"] = f"{node.name} is the only node of job {job.name}: its launcher stays"
-    else:
-        entry["leave"] = f"{node.name} leaves job {job.name}: its launcher is ended"
-        leave = f"incident {inc.id}: {node.name} leaves job {job.name}"
-        service.issue_commands(
-            session,
-            inc,
-            "exclude_node",
-            {node.id: here},
-            now,
-            leave,
-            fault=False,
-            extra={"grace_s": leave_grace_s},
-        )
-        service.issue_commands(session, inc, "launcher", targets, now, why, fault=False)
+    service.leave_job(session, inc, job, node, hosts, now, leave_grace_s, entry)
+    others = {n: ranks for n, ranks in hosts.items() if n != node.id}
+    if others:
+        service.issue_commands(session, inc, "launcher", others, now, why, fault=False)
     service.add_decision(session, inc, entry)
     return inc
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session
 
 from trainguard.backend.incidents.publish import changed
-from trainguard.backend.models import Command, Incident, Job
+from trainguard.backend.models import Command, Incident, Job, Node
 from trainguard.backend.models.control import IncidentEvidence
 
 # --- opening, evidence ----------------------------------------------------------------
@@ -271,6 +271,42 @@ def issue_commands(
             )
         )
     return len(targets)
+
+
+def leave_job(
+    session: Session,
+    inc: Incident,
+    job: Job,
+    node: Node,
+    hosts: Mapping[int, list[int]],
+    now: float,
+    grace_s: float,
+    entry: dict[str, Any],
+) -> int:
+    """The excluded `node` leaves `job`: an exclude_node command to its agent ends the
+    job's launcher there, so its workers cannot rejoin the next round (acks:
+    incidents.acks.record_leave). `hosts` are the job's live nodes with their ranks. A
+    node hosting no rank of the job has nothing to end; the job's only node keeps its
+    launcher: ending it would end the job for good, since trainguard starts no launcher
+    (docs/decisions.md). The decision `entry` says which. Returns the commands made."""
+    if node.id not in hosts:
+        entry["leave"] = f"{node.name} hosts no rank of job {job.name}: nothing ends there"
+        return 0
+    if set(hosts) == {node.id}:
+        entry["leave"] = f"{node.name} is the only node of job {job.name}: its launcher stays"
+        return 0
+    entry["leave"] = f"{node.name} leaves job {job.name}: its launcher is ended"
+    reason = f"incident {inc.id}: {node.name} leaves job {job.name}"
+    return issue_commands(
+        session,
+        inc,
+        "exclude_node",
+        {node.id: hosts[node.id]},
+        now,
+        reason,
+        fault=False,
+        extra={"grace_s": grace_s},
+    )
 
 
 # --- the end of an action: acks, resolution, failure ---------------------------------------
