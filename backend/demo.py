@@ -30,7 +30,7 @@ from urllib.request import urlopen
 
 from trainguard.backend import demojob
 from trainguard.backend.demowatch import BACKOFF_FIRST_S as BACKOFF_FIRST_S  # tests read it
-from trainguard.backend.demowatch import Scheduler, StartWatch, spares
+from trainguard.backend.demowatch import Scheduler, StartWatch, relaunch_readmitted, spares
 
 # The demo job: steps of about 0.2 s (the sleep stands for model work on top of the tiny
 # MLP's few milliseconds), so a run of 1,500 steps trains for about 5 minutes, and its 5
@@ -236,21 +236,21 @@ def run_demo(
         while all(p.poll() is None for p in core):
             if spares(nodes) and time.monotonic() >= next_check and current:
                 next_check += 5.0
-                for i, p in enumerate(current):
-                    name = f"demo-node-{i}"
-                    if p.poll() is None or all(q.poll() is not None for q in current):
-                        continue
-                    if scheduler.cordoned(name) is False:
-                        (back,) = _launch_job(
-                            data_dir, store_port, sockets, env, run, launcher, only=i
-                        )
-                        current[i] = back
-                        job.append(back)
-                        print(
-                            f"trainguard demo: {name} readmitted: its launcher runs again, "
-                            "as the job's hot spare",
-                            flush=True,
-                        )
+                names = [f"demo-node-{i}" for i in range(len(current))]
+                for i in relaunch_readmitted(
+                    current,
+                    names,
+                    scheduler.cordoned,
+                    lambda i, run=run: _launch_job(
+                        data_dir, store_port, sockets, env, run, launcher, only=i
+                    )[0],
+                ):
+                    job.append(current[i])
+                    print(
+                        f"trainguard demo: {names[i]} readmitted: its launcher runs again, "
+                        "as the job's hot spare",
+                        flush=True,
+                    )
             if current and all(p.poll() is not None for p in current):
                 # The job finished (or gave up): start the next run, new seed, so the
                 # dashboard keeps showing a live job until Ctrl-C; after runs that never

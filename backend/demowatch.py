@@ -9,7 +9,9 @@ import contextlib
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from subprocess import Popen
 from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
 
@@ -95,6 +97,26 @@ class StartWatch:
 def spares(nodes: int) -> int:
     """Hot spares among the demo's nodes: one from three nodes on (two train, one waits)."""
     return 1 if nodes >= 3 else 0
+
+
+def relaunch_readmitted(
+    procs: list[Popen],
+    names: list[str],
+    cordoned: Callable[[str], bool | None],
+    start: Callable[[int], Popen],
+) -> list[int]:
+    """As a cluster's scheduler would, while the run goes on: a node whose launcher ended
+    (it left the job, excluded) and that is no longer cordoned (readmitted; None: not
+    known) gets its launcher again, in `procs`, and waits as the run's next spare.
+    Returns the indices started again; none once the whole run has ended."""
+    if all(p.poll() is not None for p in procs):
+        return []
+    back = []
+    for i, p in enumerate(procs):
+        if p.poll() is not None and cordoned(names[i]) is False:
+            procs[i] = start(i)
+            back.append(i)
+    return back
 
 
 class Scheduler:

@@ -33,6 +33,7 @@ from trainguard.backend.bench.chaos_rows import (
     read_database,
     workers,
 )
+from trainguard.backend.demowatch import relaunch_readmitted
 
 STOPPED = "stopped by the bench"  # how the runs end that the bench stops at its stop
 GOODPUT_GAP_S = 10.0  # between the two reads of an ended run's goodput
@@ -233,19 +234,18 @@ class Chaos:
         self.outside.finish()
 
     def readmitted(self, run: JobRun) -> None:
-        """As a scheduler would: a node whose launcher ended while the run goes on (it
-        left the job, excluded) gets its launcher again once it is readmitted, and waits
-        as the run's next spare."""
-        if all(p.poll() is not None for p in run.procs):
-            return
-        gone = [i for i, p in enumerate(run.procs) if p.poll() is not None]
-        nodes = {n["name"]: n for n in self._get("/api/v1/nodes") or []} if gone else {}
-        for i in gone:
-            node = nodes.get(self.names[i])
-            if node is None or node.get("cordoned"):
-                continue
-            (back,) = self._start(run, only=i)
-            run.procs[i] = back
+        """A node that left the run and was readmitted gets its launcher again, as the
+        run's next spare (demowatch.relaunch_readmitted, as the demo does)."""
+        nodes: dict[str, Any] | None = None
+
+        def cordoned(name: str) -> bool | None:
+            nonlocal nodes
+            if nodes is None:
+                nodes = {n["name"]: n for n in self._get("/api/v1/nodes") or []}
+            node = nodes.get(name)
+            return None if node is None else bool(node.get("cordoned"))
+
+        relaunch_readmitted(run.procs, self.names, cordoned, lambda i: self._start(run, only=i)[0])
 
     def _check_processes(self) -> None:
         """The server must live; an agent that exited though the bench did not kill it is
