@@ -237,14 +237,12 @@ def run_demo(
             if spares(nodes) and time.monotonic() >= next_check and current:
                 next_check += 5.0
                 names = [f"demo-node-{i}" for i in range(len(current))]
-                for i in relaunch_readmitted(
-                    current,
-                    names,
-                    scheduler.cordoned,
-                    lambda i, run=run: _launch_job(
-                        data_dir, store_port, sockets, env, run, launcher, only=i
-                    )[0],
-                ):
+
+                def relaunch(i: int, run: int = run) -> subprocess.Popen:
+                    (back,) = _launch_job(data_dir, store_port, sockets, env, run, launcher, only=i)
+                    return back
+
+                for i in relaunch_readmitted(current, names, scheduler.cordoned, relaunch):
                     job.append(current[i])
                     print(
                         f"trainguard demo: {names[i]} readmitted: its launcher runs again, "
