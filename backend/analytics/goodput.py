@@ -25,6 +25,10 @@ and time no interval covers is `other`. The intervals:
 - checkpoint_save / checkpoint_restore: the blocking part reported by the SDK,
   [ts - blocking_s, ts] of each *_end event, merged over ranks.
 - initialization: job start -> start of the job's first step.
+- reduced_world: a step that ran at a smaller world than the job's largest (an elastic
+  job that re-formed on fewer nodes after an exclusion) is productive at its size only:
+  of its productive time, the share w / W is productive and the rest is reduced_world
+  (w: the world size its generation's ranks registered with, W: the job's largest).
 - waiting: a job that waits for capacity (every node it could run on is cordoned), from
   when it began to wait (or its last step, if it trained on) to `until`. The job holds no
   GPUs then, so this time is reported but left out of goodput:
@@ -47,6 +51,7 @@ BUCKETS = (
     "recovery",
     "waiting",
     "wasted_progress",
+    "reduced_world",
     "straggler",
     "other",
 )
@@ -163,6 +168,26 @@ def redone(steps: Sequence[CohortStep]) -> dict[int, int]:
     return out
 
 
+def world_shares(
+    steps: Sequence[CohortStep], worlds: Sequence[tuple[float, int]]
+) -> dict[int, float]:
+    """{index of a step that ran at a smaller world than the job's largest: w / W}. A
+    step's world is that of the newest rank registration at or before its start (the
+    ranks of a generation register as it starts: WORLD_SIZE as their launcher gave it);
+    W is the largest the job registered with. A step before any registration, or at W,
+    is not listed (its share is 1)."""
+    if not worlds:
+        return {}
+    top = max(w for _, w in worlds)
+    times = [t for t, _ in worlds]
+    out: dict[int, float] = {}
+    for i, s in enumerate(steps):
+        j = bisect.bisect_right(times, s.start) - 1
+        if j >= 0 and worlds[j][1] < top:
+            out[i] = worlds[j][1] / top
+    return out
+
+
 def resumption_start(starts: Sequence[float], fault: float, resumed: float) -> float:
     """Where an incident's recovery ends: the start of the step that resumed training.
 
@@ -189,12 +214,14 @@ def account(
     restores: Sequence[tuple[float, float]] = (),
     incidents: Sequence[tuple[float, float | None]] = (),
     waiting_since: float | None = None,
+    worlds: Sequence[tuple[float, int]] = (),
     points: int = 24,
 ) -> Accounting:
     """Account [since, until]. `steps` must hold every cohort step that ends in the window
     (earlier ones may be included: they give the first step its start); first_step_start
     is the start of the job's very first step (None: no step yet); waiting_since: the job
-    waits for capacity from then on (None: it does not)."""
+    waits for capacity from then on (None: it does not); worlds: (ts, world size) of the
+    job's rank registrations over its whole run, oldest first (empty: one size)."""
     since = max(since, job_start)
     until = max(until, since)
     elapsed = until - since
@@ -266,15 +293,19 @@ def account(
         if i in wasted or cov <= 0 or ideal is None:
             continue
         ratio[i] = min(cov, k_of[i] * ideal) / cov
+    share = world_shares(order, worlds)
     productive = 0.0
     for i, bucket, dt in pieces:
         if i in wasted:
             continue
         good = dt * ratio.get(i, 1.0)
-        productive += good
+        full = good * share.get(i, 1.0)
+        productive += full
         totals["straggler"] += dt - good
-        series_raw[bucket]["productive"] += good
+        totals["reduced_world"] += good - full
+        series_raw[bucket]["productive"] += full
         series_raw[bucket]["straggler"] += dt - good
+        series_raw[bucket]["reduced_world"] += good - full
     width = elapsed / points if points else 0.0
     series = []
     for b, row in enumerate(series_raw):

@@ -76,6 +76,22 @@ def job_start(session: Session, job: Job, first_start: float | None) -> float:
     return min(x for x in (registered, first_start, job.first_seen) if x is not None)
 
 
+def world_sizes(session: Session, job: str, until: float) -> list[tuple[float, int]]:
+    """(ts, world size) of the job's rank registrations up to `until`, oldest first: the
+    WORLD_SIZE each rank started with (rank_start events that say it)."""
+    rows = session.execute(
+        select(Event.ts, Event.data)
+        .where(Event.kind == "rank_start", Event.job == job, Event.ts <= until)
+        .order_by(Event.ts)
+    )
+    out = []
+    for ts, data in rows:
+        w = (data or {}).get("world_size")
+        if isinstance(w, int) and not isinstance(w, bool) and w >= 1:
+            out.append((ts, w))
+    return out
+
+
 def last_activity(session: Session, job_id: int) -> float | None:
     return session.scalar(select(func.max(Step.end)).where(Step.job_id == job_id))
 

@@ -87,6 +87,10 @@ class Badput(BaseModel):
         description="waiting for capacity (no schedulable node); not part of goodput's job time"
     )
     wasted_progress: float
+    reduced_world: float = Field(
+        description="productive time lost to a smaller world than the job's largest "
+        "(an elastic job on fewer nodes): a step at w of W ranks counts w / W productive"
+    )
     straggler: float
     other: float
 

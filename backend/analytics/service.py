@@ -92,6 +92,7 @@ def accounting(
         restores=repo.blocking_spans(ckpt, "restore"),
         incidents=incidents,
         waiting_since=waiting_since(session, job),
+        worlds=repo.world_sizes(session, job.name, u),
         points=points,
     )
 

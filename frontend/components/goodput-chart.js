@@ -17,6 +17,7 @@ export const GOODPUT_PARTS = [
   ["recovery", "Recovery", "#dc2626"],
   ["waiting", "Waiting for capacity", "#ca8a04"],
   ["wasted_progress", "Wasted progress", "#f97316"],
+  ["reduced_world", "Smaller world", "#db2777"],
   ["straggler", "Straggler", "#0e7490"],
   ["other", "Other", "#a3a3a3"],
 ];
