@@ -20,8 +20,9 @@ class Cordon(BaseModel):
 
 
 # Events the backend itself records (the agents' kinds are wire.EventKind): an agent
-# silent while its node's ranks evidently run (backend/engine/silence.py) is an alert.
-BackendEventKind = Literal["agent_silent"]
+# silent while its node's ranks evidently run (backend/engine/silence.py) is an alert;
+# a shadow rule that would have acted otherwise (backend/engine/decide.py) is recorded.
+BackendEventKind = Literal["agent_silent", "shadow"]
 
 NodeStatus = Literal["healthy", "degraded", "down", "agent_down", "cordoned"]
 

@@ -15,19 +15,21 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from trainguard.backend.analytics import repository as steps
+from trainguard.backend.cluster.schemas import BackendEventKind
 from trainguard.backend.engine import queries as q
 from trainguard.backend.engine.actions import ENGINE_ACTOR, Actions
 from trainguard.backend.engine.evidence import JOB_CAUSES, Evidence, Verdict, classify, describe
-from trainguard.backend.engine.policy import next_level, rung
+from trainguard.backend.engine.policy import next_level, rule_of, rung
 from trainguard.backend.incidents import operators
 from trainguard.backend.incidents import service as incidents
 from trainguard.backend.jobs.service import capabilities, launcher_budget
-from trainguard.backend.models import Incident, Job, Node
+from trainguard.backend.models import Event, Incident, Job, Node
 from trainguard.backend.models.control import ACTIVE_STATUSES, LADDER, IncidentEvidence
 
 log = logging.getLogger(__name__)
 
 HOUR_S = 3600.0
+SHADOW: BackendEventKind = "shadow"
 # The levels that end the job's workers for their launcher to respawn: each uses one of
 # the launcher's restarts (--max-restarts).
 BUDGET_LEVELS = frozenset({"launcher", "reset_gpu", "exclude_node"})
@@ -39,13 +41,18 @@ class Decider(Actions):
 
     def handle(self, session: Session, ev: Evidence) -> None:
         verdict = classify(ev, self.policy)
-        if verdict is None:
+        shadow = classify(ev, self.policy.shadow) if self.policy.shadow is not None else None
+        if verdict is None and shadow is None:
             return
-        self._count("evidence")
         if ev.event_id is not None and session.scalar(
             select(IncidentEvidence.id).where(IncidentEvidence.event_id == ev.event_id)
         ):
             return  # already handled (read again after a change of leader)
+        if shadow is not None and (verdict is None or shadow.action != verdict.action):
+            self._shadow(session, ev, verdict, shadow)
+        if verdict is None:
+            return
+        self._count("evidence")
         action, why = verdict.action, verdict.why
         now = self.clock()
         policy = self.policy.model
@@ -78,6 +85,38 @@ class Decider(Actions):
             return
         for i, job in enumerate(jobs):
             self._apply(session, job, ev, verdict, action, why, primary=i == 0)
+
+    def _shadow(
+        self, session: Session, ev: Evidence, live: Verdict | None, shadow: Verdict
+    ) -> None:
+        """A shadow rule would act otherwise on this evidence: recorded as a `shadow`
+        event ("would have done X"), never acted on. The incident the evidence joins
+        shows it beside its real decisions (incidents.reads.shadow_decisions)."""
+        instead = live.action if live is not None else "ignore"
+        rule = rule_of(shadow.why)
+        now = self.clock()
+        session.add(
+            Event(
+                node_id=ev.node_id,
+                ts=now,
+                received_at=now,
+                kind=SHADOW,
+                job=ev.job,
+                rank=ev.rank,
+                xid=ev.xid,
+                gpu_uuid=ev.gpu_uuid,
+                message=f"shadow rule {rule}: would have done {shadow.action} "
+                f"instead of {instead} on {shadow.cause}",
+                data={
+                    "rule": rule,
+                    "action": shadow.action,
+                    "instead_of": instead,
+                    "cause": shadow.cause,
+                    "event_id": ev.event_id,
+                },
+            )
+        )
+        self._count("shadow")
 
     def _apply(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -54,6 +54,17 @@ def next_level(level: str, hardware: bool = True) -> str:
     i = rung(level)
     up = LADDER[min(i + 1, len(LADDER) - 1)]
     return "stop_job" if up == "exclude_node" and not hardware else up
+
+
+def rule_of(why: str) -> str:
+    """The policy key a verdict's `why` names ("bucket RESTART_BM" -> xid.buckets.RESTART_BM,
+    "NVML recovery action GPU_RESET" -> xid.recovery_action.GPU_RESET, "policy causes.hang"
+    -> causes.hang)."""
+    if why.startswith("bucket "):
+        return f"xid.buckets.{why.removeprefix('bucket ')}"
+    if why.startswith("NVML recovery action "):
+        return f"xid.recovery_action.{why.removeprefix('NVML recovery action ')}"
+    return why.removeprefix("policy ")
 
 
 class PolicyError(ValueError):
@@ -184,10 +195,14 @@ class _PolicyModel(_Strict):
 
 @dataclass(frozen=True)
 class Policy:
-    """The validated policy; `source` says where it came from."""
+    """The validated policy; `source` says where it came from. `shadow`: the policy with
+    the file's shadow rules in force (None: it has none); `shadow_rules` names them with
+    the action each would take ({"causes.hang": "launcher"})."""
 
     model: _PolicyModel
     source: str
+    shadow: Policy | None = None
+    shadow_rules: dict[str, str] = field(default_factory=dict)
 
     @property
     def dry_run(self) -> bool:
@@ -239,6 +254,7 @@ class Policy:
                 "timeout_s": m.hooks.timeout_s,
             },
             "breaker": m.breaker.model_dump(),
+            "shadow_rules": dict(self.shadow_rules),
             "readmission": {
                 **m.readmission.model_dump(exclude={"health_check"}),
                 "health_check": bool(m.readmission.health_check),
@@ -304,11 +320,61 @@ def _describe(err: dict[str, Any]) -> tuple[tuple[str, ...], str]:
     return loc, f"{msg.removeprefix('Value error, ')} (got {value!r})"
 
 
+# The tables whose entries are rules (evidence -> action): any of them may be written as
+# a table `{action = "...", shadow = true}`, evaluated live and recorded, never acted on.
+RULE_TABLES = (("causes",), ("xid", "buckets"), ("xid", "codes"), ("xid", "recovery_action"))
+
+
+def _split_shadow(
+    user: dict[str, Any], source: str, text: str
+) -> tuple[dict[str, Any], dict[tuple[str, ...], Any]]:
+    """The user's file without its shadow rules, and those rules ({path: action}). A rule
+    written as a table with `shadow = false` is an ordinary rule."""
+    live = _merge({}, user)
+    shadow: dict[tuple[str, ...], Any] = {}
+    for table in RULE_TABLES:
+        node: Any = live
+        for part in table:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        for key, value in list(node.items()):
+            if not isinstance(value, dict):
+                continue
+            path = (*table, key)
+            extra = sorted(set(value) - {"action", "shadow"})
+            if extra or "action" not in value:
+                what = f"unknown key {extra[0]!r}" if extra else "no action"
+                raise _fail(source, text, path, f"a rule table takes action and shadow ({what})")
+            flag = value.get("shadow", False)
+            if not isinstance(flag, bool):
+                raise _fail(source, text, (*path, "shadow"), f"true or false (got {flag!r})")
+            if flag:
+                shadow[path] = value["action"]
+                del node[key]
+            else:
+                node[key] = value["action"]
+    return live, shadow
+
+
+def _validate(data: dict[str, Any], source: str, text: str) -> _PolicyModel:
+    try:
+        return _PolicyModel.model_validate(data)
+    except ValidationError as exc:
+        errs = exc.errors()
+        # Unions report one error per branch: name the key once, with the clearest message.
+        errs.sort(key=lambda e: e["type"] != "extra_forbidden")
+        loc, msg = _describe(dict(errs[0]))
+        raise _fail(source, text, loc, msg) from None
+
+
 def load_policy(path: str | Path | None = None) -> Policy:
-    """The default policy, with the file at `path` (if any) merged over it."""
+    """The default policy, with the file at `path` (if any) merged over it. Its shadow
+    rules are left out of the policy in force and make `Policy.shadow`."""
     default_text = DEFAULT_POLICY_FILE.read_text()
     data = tomllib.loads(default_text)
     text, source = default_text, "default"
+    rules: dict[tuple[str, ...], Any] = {}
     if path is not None and str(path) != "":
         p = Path(path)
         source = str(p)
@@ -320,13 +386,17 @@ def load_policy(path: str | Path | None = None) -> Policy:
             user = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(f"policy file {source}: not valid TOML: {exc}") from None
+        user, rules = _split_shadow(user, source, text)
         data = _merge(data, user)
-    try:
-        model = _PolicyModel.model_validate(data)
-    except ValidationError as exc:
-        errs = exc.errors()
-        # Unions report one error per branch: name the key once, with the clearest message.
-        errs.sort(key=lambda e: e["type"] != "extra_forbidden")
-        loc, msg = _describe(dict(errs[0]))
-        raise _fail(source, text, loc, msg) from None
-    return Policy(model=model, source=source)
+    model = _validate(data, source, text)
+    if not rules:
+        return Policy(model=model, source=source)
+    over: dict[str, Any] = {}
+    for rule, action in rules.items():
+        node = over
+        for part in rule[:-1]:
+            node = node.setdefault(part, {})
+        node[rule[-1]] = action
+    shadow = Policy(model=_validate(_merge(data, over), source, text), source=f"{source} (shadow)")
+    named = {".".join(rule): str(action) for rule, action in rules.items()}
+    return Policy(model=model, source=source, shadow=shadow, shadow_rules=named)

@@ -72,6 +72,7 @@ def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
         "timeline": timeline,
         "recovery_s": recovery,
         "decisions": list(inc.decisions or ()),
+        "shadow": shadow_decisions(session, inc, [e.event_id for e, _ in evidence]),
         "hooks": list(inc.hooks or ()),
         "evidence": [
             {
@@ -104,6 +105,28 @@ def incident_dict(session: Session, inc: Incident) -> dict[str, Any]:
             for c, name in cmds
         ],
     }
+
+
+def shadow_decisions(
+    session: Session, inc: Incident, event_ids: Sequence[int | None]
+) -> list[dict[str, Any]]:
+    """What the policy's shadow rules would have done on the incident's evidence (the
+    engine's `shadow` events, docs/engine.md "Shadow rules"), oldest first."""
+    ids = {i for i in event_ids if i is not None}
+    if not ids:
+        return []
+    stmt = select(Event.ts, Event.data).where(
+        Event.kind == "shadow", Event.ts >= inc.created_at - 1
+    )
+    if inc.closed_at is not None:
+        stmt = stmt.where(Event.ts <= inc.closed_at + 1)
+    out = []
+    for ts, data in session.execute(stmt.order_by(Event.ts, Event.id)):
+        d = data or {}
+        if d.get("event_id") in ids:
+            keys = ("rule", "action", "instead_of", "cause")
+            out.append({"at": ts, **{k: d.get(k) for k in keys}})
+    return out
 
 
 def locked(session: Session, *where: ColumnElement[bool]) -> Sequence[Incident]:

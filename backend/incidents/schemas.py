@@ -53,6 +53,14 @@ class IncidentCommand(BaseModel):
     acks: list[CommandPhase]
 
 
+class ShadowDecision(BaseModel):
+    at: float
+    rule: str = Field(description="the shadow rule, e.g. causes.hang")
+    action: str = Field(description="what it would have done")
+    instead_of: str = Field(description="what the rule in force did")
+    cause: str
+
+
 class Incident(BaseModel):
     id: int
     incident_id: int = Field(description="the same as `id`")
@@ -78,6 +86,11 @@ class Incident(BaseModel):
     timeline: Timeline
     recovery_s: float | None = Field(description="fault to resumed, when both are known")
     decisions: list[dict[str, Any]] = Field(description="the engine's and operators' entries")
+    shadow: list[ShadowDecision] = Field(
+        default_factory=list,
+        description="what the policy's shadow rules would have done on its evidence "
+        "(recorded, never acted on)",
+    )
     hooks: list[dict[str, Any]] = Field(description="results of the hooks run for it")
     evidence: list[EvidenceItem]
     commands: list[IncidentCommand]

@@ -199,6 +199,7 @@ export function mount(root, ctx) {
 
   function showDecisions(inc) {
     const decisions = inc.decisions ?? [];
+    const shadow = inc.shadow ?? [];
     const hooks = inc.hooks ?? [];
     replace(
       decisionsRoot,
@@ -218,6 +219,29 @@ export function mount(root, ctx) {
                   d.mode ? ` (${d.mode})` : null,
                   d.by ? ` by ${d.by}` : null,
                   d.why ? [": ", d.why] : null,
+                ),
+              ),
+            ),
+          ]
+        : null,
+      shadow.length
+        ? [
+            h("h3", { class: "sub-heading" }, "Shadow rules (recorded, not acted on)"),
+            h(
+              "ol",
+              { class: "decisions shadow-decisions" },
+              shadow.map((d) =>
+                h(
+                  "li",
+                  {},
+                  d.at ? timeEl(d.at) : null,
+                  " would have done ",
+                  h("strong", {}, d.action ?? ""),
+                  ` instead of ${d.instead_of ?? "?"}`,
+                  " (",
+                  h("code", {}, d.rule ?? "rule"),
+                  d.cause ? `, on ${d.cause}` : null,
+                  ")",
                 ),
               ),
             ),
