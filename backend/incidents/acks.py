@@ -19,9 +19,7 @@ from trainguard.backend.models import TIMELINE, Command, CommandAck, Incident, J
 from trainguard.protocol import wire
 
 
-def record_ack(
-    session: Session, command_id: str, ack: wire.Ack, now: float | None = None
-) -> bool:
+def record_ack(session: Session, command_id: str, ack: wire.Ack, now: float | None = None) -> bool:
     """Store one phase ack; returns False if this phase was already acked (replay).
     `now`: the backend's clock (a policy replay's virtual clock; the wall clock if None)."""
     cmd = session.get(Command, command_id)
@@ -62,9 +60,7 @@ ENDING_LAUNCHER = "trainguard is ending its launcher"
 STILL_RESTARTS = "trainguard stopped acting; the launcher still restarts it"
 
 
-def record_phase(
-    session: Session, cmd: Command, ack: wire.Ack, now: float | None = None
-) -> None:
+def record_phase(session: Session, cmd: Command, ack: wire.Ack, now: float | None = None) -> None:
     """A phase ack of one of the incident's commands (stored by `record_ack`) moves
     its timeline, and resolves or fails it (at `now`, the wall clock if None)."""
     now = time.time() if now is None else now

@@ -16,6 +16,7 @@ import statistics
 from collections import Counter
 from typing import Any, get_args
 
+import msgspec
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -47,7 +48,9 @@ class AckModel:
         phase_sets: dict[str, Counter[tuple[str, ...]]] = {}
         for c in sorted(trace["command"], key=lambda c: (c["issued_at"], c["id"])):
             inc = incs.get(c["incident"])
-            got = sorted(by_cmd.get(c["id"], []), key=lambda a: (a["ts"], _ORDER.get(a["phase"], 9)))
+            got = sorted(
+                by_cmd.get(c["id"], []), key=lambda a: (a["ts"], _ORDER.get(a["phase"], 9))
+            )
             acks = [(a["phase"], a["ts"] - c["issued_at"], a["detail"] or "") for a in got]
             if inc is not None:
                 key = (inc["job"], inc["fault_at"] or 0.0, c["action"], c["node"])
@@ -78,7 +81,7 @@ class AckModel:
             self.modelled += 1
             plan = self._modelled(cmd.action)
         return [
-            (cmd.issued_at + delay, wire.Ack(phase=phase, ts=cmd.issued_at + delay, node=node, detail=detail))  # type: ignore[arg-type]  # a recorded phase is a wire Phase
+            (cmd.issued_at + delay, _ack(phase, cmd.issued_at + delay, node, detail))
             for phase, delay, detail in plan
         ]
 
@@ -91,3 +94,8 @@ class AckModel:
                 if p != "failed" and (action, p) in self.medians
             ]
         return [(p, d, "") for p, d in DEFAULT_DELAYS.get(action, {}).items()]
+
+
+def _ack(phase: str, ts: float, node: str, detail: str) -> wire.Ack:
+    """A wire ack; a phase the wire does not know is refused by msgspec's conversion."""
+    return msgspec.convert({"phase": phase, "ts": ts, "node": node, "detail": detail}, wire.Ack)

@@ -93,8 +93,9 @@ def totals(
             actions[level] = actions.get(level, 0) + 1
         if sm["actions"]:
             level = sm["actions"][-1]
+            exp: float | None
             if level == "stop_job":
-                exp, basis, n = max(0.0, trace.until - (inc["fault_at"] or trace.until)), "", 0
+                exp, n = max(0.0, trace.until - (inc["fault_at"] or trace.until)), 0
                 basis = "stop_job: job time lost to the period's end"
             else:
                 exp, basis, n = _expected(model, level, launchers.get(inc["job"], "unknown"))
@@ -125,9 +126,7 @@ def recorded_outcome(trace: Trace) -> Outcome:
     return Outcome(policy="recorded", incidents=list(trace["incident"]), cordons=cordons)
 
 
-def compare(
-    trace: Trace, current: Outcome, candidate: Outcome | None = None
-) -> dict[str, Any]:
+def compare(trace: Trace, current: Outcome, candidate: Outcome | None = None) -> dict[str, Any]:
     """The report: the self-check (record vs the replay under the policy in force) and,
     given a candidate, where it differs from the policy in force."""
     model = recovery_model(trace)

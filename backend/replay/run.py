@@ -6,7 +6,8 @@ virtual clock (docs/replay.md).
   was received, the world is applied and, if evidence came, the engine runs a cycle
   (the live one is woken by the ingest commit); between them it sweeps every
   `sweep_s` while anything is under way (an open incident, an ack due, evidence in the
-  last IDLE_S), else every IDLE_TICK_S.
+  last IDLE_S), else every IDLE_TICK_S (an incident pending an operator waits for no
+  clock).
 - No command reaches an agent: there is none. The commands the replay issues are acked
   by the ack model (acks.AckModel) through the real ack path (incidents.acks).
 - No hook runs: a hook's result is the one recorded for the same incident, else a
@@ -32,7 +33,7 @@ from trainguard.backend.engine.policy import Policy
 from trainguard.backend.hooks import HookResult
 from trainguard.backend.incidents import acks
 from trainguard.backend.models import Command, Event, Incident, Job, Node, NodeCordon
-from trainguard.backend.models.control import ACTIVE_STATUSES, EngineState
+from trainguard.backend.models.control import EngineState
 from trainguard.backend.replay import scratch
 from trainguard.backend.replay.ackmodel import AckModel
 from trainguard.backend.replay.trace import Trace
@@ -185,17 +186,11 @@ def _drive(
 def _busy(sessions: sessionmaker[Session]) -> bool:
     with sessions() as s:
         return bool(
-            s.scalar(
-                select(func.count())
-                .select_from(Incident)
-                .where(Incident.status.in_(ACTIVE_STATUSES))
-            )
+            s.scalar(select(func.count()).select_from(Incident).where(Incident.status == "open"))
         )
 
 
-def _new_commands(
-    sessions: sessionmaker[Session], seen: set[str]
-) -> list[tuple[Command, str]]:
+def _new_commands(sessions: sessionmaker[Session], seen: set[str]) -> list[tuple[Command, str]]:
     with sessions() as s:
         rows = s.execute(
             select(Command, Node.name)

@@ -282,8 +282,10 @@ def _export_decisions(
     for a in session.scalars(
         select(CommandAck).where(CommandAck.command_id.in_([c.id for c in cmds]))
     ):
-        tr["ack"].append({"command": a.command_id, "phase": a.phase, "ts": a.ts, "detail": a.detail})
-    for c in session.scalars(
+        tr["ack"].append(
+            {"command": a.command_id, "phase": a.phase, "ts": a.ts, "detail": a.detail}
+        )
+    for nc in session.scalars(
         select(NodeCordon)
         .where(
             NodeCordon.node_id.in_(nodes),
@@ -294,11 +296,11 @@ def _export_decisions(
     ):
         tr["cordon"].append(
             {
-                "node": name(c.node_id),
-                "at": c.at,
-                "by": c.by,
-                "incident": c.incident_id,
-                "released_at": c.released_at,
+                "node": name(nc.node_id),
+                "at": nc.at,
+                "by": nc.by,
+                "incident": nc.incident_id,
+                "released_at": nc.released_at,
             }
         )
 

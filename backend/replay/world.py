@@ -178,7 +178,7 @@ class World:
                 beats[rec["node"]] = t
                 self._heard(s, rec["node"], t)
             elif kind == _JOB:
-                for (job, rank), fin in self.final.items():
+                for job, rank in self.final:
                     if job == rec["name"]:
                         self._rank(s, job, rank, t)
             elif kind == _EVENT:
