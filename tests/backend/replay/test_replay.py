@@ -20,7 +20,6 @@ from tests.backend.engine.conftest import FRESH_S
 from trainguard.backend.engine.policy import load_policy, load_policy_text
 from trainguard.backend.models import Base
 from trainguard.backend.replay import cli, service, trace
-from trainguard.protocol import wire
 
 LIMITS = service.Limits(max_events=100_000, max_incidents=10_000)
 LOWER_CAP = "[breaker]\nmax_fraction = 0.125\n"
