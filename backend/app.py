@@ -46,6 +46,7 @@ from trainguard.backend.jobs.router import router as jobs_router
 from trainguard.backend.live.bus import LiveBus
 from trainguard.backend.live.pgnotify import PgNotifyBus, bus_for
 from trainguard.backend.live.router import router as live_router
+from trainguard.backend.replay.router import router as replay_router
 from trainguard.backend.retention import Retention, RetentionPolicy
 from trainguard.backend.settings import Settings
 
@@ -356,6 +357,7 @@ def create_app(settings: Settings) -> FastAPI:
     api.include_router(commands_router)
     api.include_router(incidents_router)
     api.include_router(engine_router)
+    api.include_router(replay_router)
     api.include_router(live_router)
     api.include_router(analytics_router)
     api.include_router(catalog_router)

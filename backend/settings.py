@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     engine_enabled: bool = True
     # Period of the engine's sweep (timeouts, silent nodes, cooldowns), at most 1 s.
     engine_sweep_s: float = Field(default=0.5, gt=0, le=1.0)
+    # A policy replay (docs/replay.md) refuses a period holding more than these (its
+    # scratch database and its two runs are in the server's process).
+    replay_max_events: int = Field(default=200_000, ge=1)
+    replay_max_incidents: int = Field(default=10_000, ge=1)
     policy_file: Path | None = Field(
         default=None,
         description="decision policy (TOML), merged over backend/policy/default.toml",

@@ -369,19 +369,27 @@ def _validate(data: dict[str, Any], source: str, text: str) -> _PolicyModel:
 
 
 def load_policy(path: str | Path | None = None) -> Policy:
-    """The default policy, with the file at `path` (if any) merged over it. Its shadow
-    rules are left out of the policy in force and make `Policy.shadow`."""
+    """The default policy, with the file at `path` (if any) merged over it."""
+    if path is None or str(path) == "":
+        return load_policy_text(None, "default")
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise PolicyError(f"policy file {p}: cannot read: {exc.strerror or exc}") from None
+    return load_policy_text(text, str(p))
+
+
+def load_policy_text(text: str | None, source: str) -> Policy:
+    """The default policy with `text` (TOML; None: nothing) merged over it; `source`
+    names it in errors (a file's path, or what sent it: a replay request's body). Its
+    shadow rules are left out of the policy in force and make `Policy.shadow`."""
     default_text = DEFAULT_POLICY_FILE.read_text()
     data = tomllib.loads(default_text)
-    text, source = default_text, "default"
     rules: dict[tuple[str, ...], Any] = {}
-    if path is not None and str(path) != "":
-        p = Path(path)
-        source = str(p)
-        try:
-            text = p.read_text()
-        except OSError as exc:
-            raise PolicyError(f"policy file {source}: cannot read: {exc.strerror or exc}") from None
+    if text is None:
+        text = default_text
+    else:
         try:
             user = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

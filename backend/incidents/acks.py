@@ -19,8 +19,9 @@ from trainguard.backend.models import TIMELINE, Command, CommandAck, Incident, J
 from trainguard.protocol import wire
 
 
-def record_ack(session: Session, command_id: str, ack: wire.Ack) -> bool:
-    """Store one phase ack; returns False if this phase was already acked (replay)."""
+def record_ack(session: Session, command_id: str, ack: wire.Ack, now: float | None = None) -> bool:
+    """Store one phase ack; returns False if this phase was already acked (replay).
+    `now`: the backend's clock (a policy replay's virtual clock; the wall clock if None)."""
     cmd = session.get(Command, command_id)
     if cmd is None:
         raise NotFound(f"no command {command_id!r}")
@@ -29,7 +30,7 @@ def record_ack(session: Session, command_id: str, ack: wire.Ack) -> bool:
         raise Conflict(f"command {command_id!r} is not addressed to node {ack.node!r}")
     if session.get(CommandAck, (command_id, ack.phase)) is not None:
         return False
-    now = time.time()
+    now = time.time() if now is None else now
     session.add(
         CommandAck(
             command_id=command_id, phase=ack.phase, ts=ack.ts, received_at=now, detail=ack.detail
@@ -37,7 +38,7 @@ def record_ack(session: Session, command_id: str, ack: wire.Ack) -> bool:
     )
     if ack.phase == "delivered" and cmd.delivered_at is None:
         cmd.delivered_at = ack.ts
-    record_phase(session, cmd, ack)
+    record_phase(session, cmd, ack, now)
     session.flush()
     return True
 
@@ -59,9 +60,10 @@ ENDING_LAUNCHER = "trainguard is ending its launcher"
 STILL_RESTARTS = "trainguard stopped acting; the launcher still restarts it"
 
 
-def record_phase(session: Session, cmd: Command, ack: wire.Ack) -> None:
+def record_phase(session: Session, cmd: Command, ack: wire.Ack, now: float | None = None) -> None:
     """A phase ack of one of the incident's commands (stored by `record_ack`) moves
-    its timeline, and resolves or fails it."""
+    its timeline, and resolves or fails it (at `now`, the wall clock if None)."""
+    now = time.time() if now is None else now
     if cmd.incident_id is None:
         return
     if cmd.action == "stop_job":
@@ -78,9 +80,9 @@ def record_phase(session: Session, cmd: Command, ack: wire.Ack) -> None:
     if inc.status != "open":
         return  # resolved, given up, rejected or already failed: the timeline is closed
     if ack.phase == "failed":
-        if reads.NOTHING_HERE in ack.detail and _others_carry_on(session, inc, cmd):
+        if reads.NOTHING_HERE in ack.detail and _others_carry_on(session, inc, cmd, now):
             return  # its workers there were gone; the action goes on on the other nodes
-        service.fail(session, inc, time.time(), f"failed on {ack.node}: {ack.detail}")
+        service.fail(session, inc, now, f"failed on {ack.node}: {ack.detail}")
         return
     field = _PHASE_FIELD[ack.phase]
     if ack.phase != "delivered" and inc.decided_at is not None and ack.ts < inc.decided_at:
@@ -113,7 +115,7 @@ def record_phase(session: Session, cmd: Command, ack: wire.Ack) -> None:
         session.flush()
         done = reads.terminal_acks(session, inc)
         if all(done.values()) and "resumed" in done.values():
-            service.resolve(session, inc, time.time(), _resumed(session, inc))
+            service.resolve(session, inc, now, _resumed(session, inc))
 
 
 def record_leave(session: Session, cmd: Command, ack: wire.Ack) -> None:
@@ -234,7 +236,7 @@ def record_stop(session: Session, cmd: Command, ack: wire.Ack) -> None:
     set_job_state(job, "stopped", ack.ts, reason)
 
 
-def _others_carry_on(session: Session, inc: Incident, cmd: Command) -> bool:
+def _others_carry_on(session: Session, inc: Incident, cmd: Command, now: float) -> bool:
     """Whether the current action's other commands are still under way or resumed (then
     a node whose workers were gone does not fail the incident)."""
     session.flush()
@@ -243,7 +245,7 @@ def _others_carry_on(session: Session, inc: Incident, cmd: Command) -> bool:
     if not done or "failed" in done.values():
         return False
     if "resumed" in done.values() and all(done.values()):
-        service.resolve(session, inc, time.time(), "resumed")
+        service.resolve(session, inc, now, "resumed")
     return any(v in (None, "resumed") for v in done.values())
 
 

@@ -1,0 +1,346 @@
+"""The recorded world, rebuilt in the scratch database as the virtual clock passes it:
+what the engine reads (nodes' last batch, ranks alive and where, jobs' generation and
+steps, events) at each instant, from the trace's records (docs/replay.md, "What is
+replayed").
+
+The database keeps each rank's last row, not its history, so a rank's history is
+rebuilt from its events: it runs from the job's first batch (or its `rank_start`),
+takes the pid, generation and capabilities its `rank_start` declares, is listed with
+every batch of its node while alive (`updated_at`), and is gone from its `rank_exit`.
+Its launcher's restart count at a generation is the last one stored less the
+generations after it. A node's agent is heard at each recorded batch (`ingest_batches`)
+and each event it sent; a step is seen with its node's first batch after the step ended
+(on the backend's clock)."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import insert, update
+from sqlalchemy.orm import Session
+
+from trainguard.backend.models import Event, Gpu, Job, Node, NodeCordon, Rank, Step
+from trainguard.backend.replay.trace import Trace
+
+# At one instant: a node's batch, then its events (in id order), then its steps.
+_BATCH, _JOB, _EVENT, _STEP = 0, 1, 2, 3
+# A node's clock offset (its last batch's) places its steps on the backend's clock only
+# when it is this small; a larger one may not have held over the period.
+MAX_OFFSET_S = 10.0
+
+
+@dataclass
+class _Rank:
+    id: int
+    node: str
+    pid: int
+    attempt: int
+    iteration: int
+    alive: bool
+    updated_at: float
+    last_step: int | None
+    pid_known: bool = False  # from a rank_start: an exit naming another pid is older
+
+
+class World:
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.node_ids = {n["name"]: i for i, n in enumerate(trace["node"], 1)}
+        self.job_ids = {j["name"]: i for i, j in enumerate(trace["job"], 1)}
+        self.offsets = {
+            n["name"]: o if abs(o := n.get("clock_offset_s") or 0.0) <= MAX_OFFSET_S else 0.0
+            for n in trace["node"]
+        }
+        self.final = {(r["job"], r["rank"]): r for r in trace["rank"]}
+        self.final_attempt = {j["name"]: j.get("attempt") or 0 for j in trace["job"]}
+        self.ranks: dict[tuple[str, int], _Rank] = {}
+        # A rank's pid before its first rank_start: the one its first exit names.
+        self._first_pid: dict[tuple[str, int], int] = {}
+        for e in trace["event"]:
+            k = (e["job"], e["rank"])
+            if e["kind"] in ("rank_start", "rank_exit") and k not in self._first_pid:
+                pid = (e["data"] or {}).get("pid")
+                self._first_pid[k] = pid if e["kind"] == "rank_exit" and pid else 0
+        self.items: list[tuple[float, int, int, dict[str, Any]]] = []
+        self.pos = 0
+        self._build()
+
+    # --- the timeline ---------------------------------------------------------------------
+
+    def _build(self) -> None:
+        beats: dict[str, list[float]] = {}
+        for b in self.trace["batch"]:
+            beats.setdefault(b["node"], []).append(b["received_at"])
+        for e in self.trace["event"]:
+            if e["node"] is not None:
+                beats.setdefault(e["node"], []).append(e["received_at"])
+        for times in beats.values():
+            times.sort()
+        items: list[tuple[float, int, int, dict[str, Any]]] = []
+        for node, times in beats.items():
+            items.extend((t, _BATCH, 0, {"node": node}) for t in times)
+        items.extend((e["received_at"], _EVENT, e["id"], e) for e in self.trace["event"])
+        # A job's ranks are listed from the job's first batch (they may report no step or
+        # event before a fault).
+        items.extend((j["first_seen"], _JOB, n, j) for n, j in enumerate(self.trace["job"]))
+        for n, s in enumerate(self.trace["step"]):
+            seen = s["end"] - self.offsets.get(s["node"], 0.0)
+            times = beats.get(s["node"], [])
+            i = bisect.bisect_left(times, seen)
+            items.append((times[i] if i < len(times) else seen, _STEP, n, s))
+        items.sort(key=lambda x: (x[0], x[1], x[2]))
+        self.items = items
+
+    @property
+    def start(self) -> float:
+        return self.items[0][0] if self.items else self.trace.since
+
+    @property
+    def end(self) -> float:
+        return self.items[-1][0] if self.items else self.trace.until
+
+    def next_at(self) -> float | None:
+        return self.items[self.pos][0] if self.pos < len(self.items) else None
+
+    # --- the rows ---------------------------------------------------------------------------
+
+    def seed(self, s: Session) -> None:
+        """Nodes, GPUs and jobs as first seen, and the cordons in force at the start."""
+        tr = self.trace
+        first = tr.since
+        s.execute(
+            insert(Node),
+            [
+                {
+                    "id": self.node_ids[n["name"]],
+                    "name": n["name"],
+                    "simulated": bool(n.get("simulated")),
+                    "cordoned": False,
+                    "first_seen": n["first_seen"],
+                    "last_seen": min(n["first_seen"], first),
+                    "clock_offset_s": n.get("clock_offset_s"),
+                }
+                for n in tr["node"]
+            ],
+        ) if tr["node"] else None
+        if tr["gpu"]:
+            s.execute(
+                insert(Gpu),
+                [
+                    {"node_id": self.node_ids[g["node"]], "uuid": g["uuid"], "index": g["index"]}
+                    for g in tr["gpu"]
+                    if g["node"] in self.node_ids
+                ],
+            )
+        if tr["job"]:
+            s.execute(
+                insert(Job),
+                [
+                    {
+                        "id": self.job_ids[j["name"]],
+                        "name": j["name"],
+                        "first_seen": j["first_seen"],
+                        "last_seen": j["first_seen"],
+                        "world_size": j.get("world_size") or 1,
+                        "display_name": j.get("display_name"),
+                        "attempt": 0,
+                        "iteration": 0,
+                        "state": "running",
+                        "state_since": j["first_seen"],
+                    }
+                    for j in tr["job"]
+                ],
+            )
+        for c in tr["cordon"]:
+            node = c["node"]
+            if node in self.node_ids and c["at"] < tr.since and c["released_at"] is None:
+                s.execute(update(Node).where(Node.id == self.node_ids[node]).values(cordoned=True))
+                s.add(
+                    NodeCordon(
+                        node_id=self.node_ids[node],
+                        at=c["at"],
+                        by=c["by"],
+                        reason="cordoned before the replayed period",
+                    )
+                )
+        s.flush()
+
+    def advance(self, s: Session, until: float) -> list[int]:
+        """Apply what happened up to `until`; returns the ids of the events stored."""
+        stored: list[int] = []
+        beats: dict[str, float] = {}
+        while self.pos < len(self.items) and self.items[self.pos][0] <= until:
+            t, kind, _, rec = self.items[self.pos]
+            self.pos += 1
+            if kind == _BATCH:
+                beats[rec["node"]] = t
+                self._heard(s, rec["node"], t)
+            elif kind == _JOB:
+                for job, rank in self.final:
+                    if job == rec["name"]:
+                        self._rank(s, job, rank, t)
+            elif kind == _EVENT:
+                self._event(s, rec)
+                stored.append(rec["id"])
+            else:
+                self._step(s, rec, t)
+        for node, t in beats.items():
+            s.execute(update(Node).where(Node.id == self.node_ids[node]).values(last_seen=t))
+        return stored
+
+    def _rank(self, s: Session, job: str, rank: int, t: float) -> _Rank | None:
+        key = (job, rank)
+        if key in self.ranks:
+            return self.ranks[key]
+        fin = self.final.get(key)
+        if fin is None or job not in self.job_ids or fin["node"] not in self.node_ids:
+            return None
+        first = self._first_pid.get(key)
+        row = {
+            "job_id": self.job_ids[job],
+            "rank": rank,
+            "node_id": self.node_ids[fin["node"]],
+            "local_rank": fin.get("local_rank") or 0,
+            "pid": first or fin["pid"],
+            "attempt": 0,
+            "iteration": 0,
+            "alive": True,
+            "updated_at": t,
+            "in_process": fin.get("in_process"),
+            "launcher": fin.get("launcher"),
+            "max_restarts": fin.get("max_restarts"),
+            "restart_count": self._restart_count(job, fin, 0),
+        }
+        rid = s.execute(insert(Rank).returning(Rank.id), [row]).scalar_one()
+        r = self.ranks[key] = _Rank(rid, fin["node"], first or fin["pid"], 0, 0, True, t, None)
+        return r
+
+    def _restart_count(self, job: str, fin: dict[str, Any], attempt: int) -> int | None:
+        count = fin.get("restart_count")
+        if count is None:
+            return None
+        return max(0, count - max(0, (fin.get("attempt") or 0) - attempt))
+
+    def _heard(self, s: Session, node: str, t: float) -> None:
+        """A batch of the node: its live ranks (and their jobs) are listed again."""
+        ids = [r.id for r in self.ranks.values() if r.node == node and r.alive]
+        if ids:
+            s.execute(update(Rank).where(Rank.id.in_(ids)).values(updated_at=t))
+            jobs = {self.job_ids[k[0]] for k, r in self.ranks.items() if r.id in ids}
+            s.execute(update(Job).where(Job.id.in_(jobs)).values(last_seen=t))
+            for r in self.ranks.values():
+                if r.id in ids:
+                    r.updated_at = t
+
+    def _event(self, s: Session, e: dict[str, Any]) -> None:
+        t = e["received_at"]
+        s.execute(
+            insert(Event),
+            [
+                {
+                    "id": e["id"],
+                    "node_id": self.node_ids.get(e["node"]) if e["node"] else None,
+                    "ts": e["ts"],
+                    "received_at": t,
+                    "kind": e["kind"],
+                    "gpu_uuid": e["gpu_uuid"],
+                    "job": e["job"],
+                    "rank": e["rank"],
+                    "xid": e["xid"],
+                    "message": e["message"] or "",
+                    "data": e["data"] or {},
+                }
+            ],
+        )
+        if e["job"] is None or e["rank"] is None or e["kind"] not in ("rank_start", "rank_exit"):
+            return
+        r = self._rank(s, e["job"], e["rank"], t)
+        if r is None:
+            return
+        data = e["data"] or {}
+        fin = self.final[(e["job"], e["rank"])]
+        vals: dict[str, Any] = {"updated_at": t}
+        if e["kind"] == "rank_start":
+            r.alive = True
+            r.pid = data.get("pid") or r.pid
+            r.pid_known = bool(data.get("pid"))
+            r.attempt = data.get("attempt", r.attempt) or 0
+            r.iteration = data.get("iteration", r.iteration) or 0
+            if e["node"] in self.node_ids:
+                r.node = e["node"]
+                vals["node_id"] = self.node_ids[e["node"]]
+            vals.update(
+                alive=True,
+                pid=r.pid,
+                attempt=r.attempt,
+                iteration=r.iteration,
+                restart_count=self._restart_count(e["job"], fin, r.attempt),
+            )
+            for k in ("in_process", "launcher", "local_rank"):
+                if data.get(k) is not None:
+                    vals[k] = data[k]
+            self._job_generation(s, e["job"], r.attempt, r.iteration, t)
+        else:
+            pid = data.get("pid")
+            if pid is not None and r.pid_known and pid != r.pid:
+                return  # an earlier generation's exit
+            r.alive = False
+            vals["alive"] = False
+        r.updated_at = t
+        s.execute(update(Rank).where(Rank.id == r.id).values(**vals))
+
+    def _job_generation(self, s: Session, job: str, attempt: int, iteration: int, t: float) -> None:
+        jid = self.job_ids[job]
+        row = s.get(Job, jid)
+        if row is None:
+            return
+        row.attempt = max(row.attempt, attempt)
+        row.iteration = max(row.iteration, iteration) if attempt <= row.attempt else iteration
+        row.last_seen = max(row.last_seen, t)
+
+    def _step(self, s: Session, st: dict[str, Any], t: float) -> None:
+        if st["job"] not in self.job_ids or st["node"] not in self.node_ids:
+            return
+        s.execute(
+            insert(Step),
+            [
+                {
+                    "job_id": self.job_ids[st["job"]],
+                    "node_id": self.node_ids[st["node"]],
+                    "rank": st["rank"],
+                    "step": st["step"],
+                    "start": st["start"],
+                    "end": st["end"],
+                    "attempt": st["attempt"],
+                    "iteration": st["iteration"],
+                    "compute_s": st["compute_s"],
+                }
+            ],
+        )
+        r = self._rank(s, st["job"], st["rank"], t)
+        if r is not None:
+            newer = (st["attempt"], st["iteration"]) > (r.attempt, r.iteration)
+            if newer:
+                r.attempt, r.iteration = st["attempt"], st["iteration"]
+            r.last_step = st["step"] if r.last_step is None else max(r.last_step, st["step"])
+            if st["node"] != r.node:
+                r.node = st["node"]
+            s.execute(
+                update(Rank)
+                .where(Rank.id == r.id)
+                .values(
+                    last_step=r.last_step,
+                    attempt=r.attempt,
+                    iteration=r.iteration,
+                    node_id=self.node_ids[r.node],
+                    updated_at=max(r.updated_at, t) if r.alive else r.updated_at,
+                )
+            )
+        row = s.get(Job, self.job_ids[st["job"]])
+        if row is not None:
+            row.last_step = st["step"] if row.last_step is None else max(row.last_step, st["step"])
+            if (st["attempt"], st["iteration"]) > (row.attempt, row.iteration):
+                row.attempt, row.iteration = st["attempt"], st["iteration"]
+            row.last_seen = max(row.last_seen, t)
