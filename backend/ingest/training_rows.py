@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from trainguard.backend.models import Event, Job, NodeLauncher, Rank, Step
@@ -197,6 +197,10 @@ class TrainingStatements:
                 }
         if ranks:
             stmt = self._insert_ignore(Rank)
+            # A rank number lives where its newest process runs: a node that lists the
+            # rank's old process, dead (its agent keeps the ended ranks it saw), does not
+            # take the rank back from another node where it runs now (the exclusion's
+            # spare took it; the excluded node, readmitted, still lists the old one).
             stmt = stmt.on_conflict_do_update(
                 index_elements=["job_id", "rank"],
                 set_={
@@ -204,6 +208,11 @@ class TrainingStatements:
                     for c in next(iter(ranks.values()))
                     if c not in ("job_id", "rank")
                 },
+                where=or_(
+                    stmt.excluded.alive.is_(True),
+                    Rank.node_id == stmt.excluded.node_id,
+                    Rank.alive.is_not(True),
+                ),
             )
             conn.execute(stmt, list(ranks.values()))
         # Job summary: world size, generation, newest step.

@@ -11,7 +11,8 @@ and the spare. The first node's launcher hosts the c10d rendezvous store (`is_ho
 the fault goes to the second node (docs/engine.md, "A node leaves the job", says why).
 The job's shape says so on `GET /jobs/{job}`: before, nodes 0 and 1 train and node 2
 waits as a spare (its agent lists its launcher: the job has no rank there); after, nodes 0
-and 2 train and node 1 is excluded by the incident.
+and 2 train and node 1 is excluded by the incident. Readmitted, node 1 gets a launcher
+again and waits as the job's new spare.
 """
 
 from __future__ import annotations
@@ -92,11 +93,11 @@ class SpareStack(Stack):
         return ranks if all(len(done.get(r["rank"], ())) >= steps for r in ranks) else None
 
 
-def spare_listed(stack: SpareStack) -> dict[str, Any] | None:
-    """The job's shape once node 2's agent lists its launcher as a spare that could join."""
+def spare_listed(stack: SpareStack, node: str = "mx-node2") -> dict[str, Any] | None:
+    """The job's shape once `node`'s agent lists its launcher as a spare that could join."""
     shape = stack.get(f"/jobs/{stack.job}")["shape"]
     spares = [(s["node"], s["launcher"], s["available"]) for s in shape["spares"]]
-    return shape if spares == [("mx-node2", stack.cell.launcher, True)] else None
+    return shape if spares == [(node, stack.cell.launcher, True)] else None
 
 
 def reshaped(stack: SpareStack) -> dict[str, Any] | None:
@@ -164,3 +165,12 @@ def test_an_excluded_node_leaves_the_job_and_the_spare_takes_its_place(
         }
         assert first > 0 and first in restored, (first, restores)
         print(f"fault -> resumed {t['resumed_at'] - t['fault_at']:.2f} s")
+        # Readmitted (by an operator here; automatically after readmit_after_s), the node
+        # gets a launcher again, as a scheduler would give it, and waits as the new spare.
+        r = stack.http.post("/nodes/mx-node1/uncordon", json={"reason": "GPU replaced"})
+        assert r.status_code == 200 and r.json()["changed"] is True, r.text
+        stack.launch_node(1)
+        again = wait_for(lambda: spare_listed(stack, "mx-node1"), 60, 0.5)
+        assert again["active"] == ["mx-node0", "mx-node2"], again
+        assert stack.get("/jobs")[0]["spare_capacity"] == 1
+        assert {r["node"] for r in stack.ranks() if r["alive"]} == {"mx-node0", "mx-node2"}
