@@ -595,7 +595,7 @@ def table(result: dict[str, Any]) -> str:
 
 def exclusion_tables(result: dict[str, Any]) -> list[str]:
     """The exclusion modes' phases and faults, and their ratio to launcher_warm."""
-    from trainguard.backend.bench import recovery_exclusion as rx
+    from trainguard.backend.bench import recovery_exclusion_tables as rx
 
     excl = [(m, r["phases"]) for m, r in result["modes"].items() if m in EXCLUSION_MODES]
     if not excl:

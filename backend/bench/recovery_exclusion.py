@@ -412,9 +412,14 @@ def report(
     rows = []
     for f in job.faults:
         inc = f.get("incident") or {}
+        if inc.get("id") is not None:  # its final word: the spare's name comes later
+            inc = backend.get(f"/api/v1/incidents/{inc['id']}")
         tl = inc.get("timeline") or {}
         leave = [d for d in inc.get("decisions") or [] if d.get("level") == "exclude_node"]
         left_at = leave[-1].get("left_at") if leave else None
+        # the exclusion decision's own time: the timeline's decided_at was missing on
+        # the second and later exclusions of one run
+        decided_at = leave[-1].get("at") if leave else tl.get("decided_at")
         p = by_index.get(f["index"], {})
         rows.append(
             {
@@ -429,7 +434,8 @@ def report(
                 "outcome": inc.get("outcome"),
                 "leave": leave[-1].get("leave") if leave else None,
                 "detected_s": _rel(tl.get("detected_at"), f["ts"]),
-                "decided_s": _rel(tl.get("decided_at"), f["ts"]),
+                "decided_s": _rel(decided_at, f["ts"]),
+                "timeline_decided_s": _rel(tl.get("decided_at"), f["ts"]),
                 "left_s": _rel(left_at, f["ts"]),
                 "resumed_incident_s": _rel(tl.get("resumed_at"), f["ts"]),
                 "regrown_s": f.get("regrown_s"),
@@ -461,56 +467,3 @@ def report(
 
 def _rel(v: float | None, base: float) -> float | None:
     return round(v - base, 3) if v is not None else None
-
-
-PHASES = (
-    ("decided_s", "decided"),
-    ("left_s", "node left (left_at)"),
-    ("old_gone_s", "old workers gone"),
-    ("rendezvous_s", "round re-formed (last launcher joined)"),
-    ("attached_s", "new workers attached"),
-    ("restore_end_s", "checkpoint loaded"),
-    ("recovery_s", "first step done (recovery)"),
-    ("regrown_s", "grow-back restart -> first step (shrink)"),
-)
-
-
-def phases_table(rows: list[tuple[str, list[dict[str, Any]]]]) -> str:
-    """Median seconds from the fault to each phase of an exclusion, per mode (the last
-    column: from the readmission)."""
-    import statistics
-
-    out = [
-        "| mode | " + " | ".join(label for _, label in PHASES) + " |",
-        "|---|" + "---|" * len(PHASES),
-    ]
-    for mode, per_fault in rows:
-        cells = []
-        for key, _ in PHASES:
-            vals = [f[key] for f in per_fault if f.get(key) is not None]
-            cells.append(f"{statistics.median(vals):.2f}" if vals else "-")
-        out.append(f"| {mode} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
-def faults_table(result: dict[str, Any]) -> str:
-    """Per fault of each exclusion mode: the node, the incident and its phases."""
-    out = [
-        "| mode, fault | node (GPU) | incident | fault -> decided / left / re-formed "
-        "/ first step (s) | resumed at step |",
-        "|---|---|---|---|---|",
-    ]
-    for mode, r in result["modes"].items():
-        if mode not in EXCLUSION_MODES:
-            continue
-        resumed = {f["index"]: f.get("resumed_at_step") for f in r["per_fault"]}
-        for f in r["phases"]:
-            inc = f"{f['cause']} -> {f['level']} ({f['status']}): {f['outcome']}"
-            times = " / ".join(
-                str(f.get(k)) for k in ("decided_s", "left_s", "rendezvous_s", "recovery_s")
-            )
-            out.append(
-                f"| {mode}, {f['index']} | {f['node']} ({f['gpu']}) | {inc} | {times} "
-                f"| {resumed.get(f['index'])} |"
-            )
-    return "\n".join(out)
