@@ -148,13 +148,15 @@ def launcher_command(
     shim: bool = False,
     launcher: str = "ft_launcher",
     rdzv_host: bool = True,
+    min_nodes: int | None = None,
 ) -> list[str]:
     """The launcher line: ft_launcher with the measured flags it accepts, or (`launcher`
     "torchrun", a job without NVRx) the README's torchrun line, to run with
     `TORCHRUN_ENV`, the Wrapper left out (`--no-wrapper`). Both on a c10d rendezvous on
     loopback. With `shim`, the workers start through trainguard's worker shim
     (`--no-python trainguard-worker SCRIPT`), warm when the node's agent runs a pool
-    (agent/worker/, docs/restarts.md "The warm pool")."""
+    (agent/worker/, docs/restarts.md "The warm pool"). With `min_nodes`, the job is
+    elastic: `--nnodes MIN:MAX`, it re-forms with fewer nodes when one leaves."""
     if launcher == "ft_launcher":
         head = ft_launcher_head()
         flags = supported_options(FT_OPTIONS, launcher_options(tuple(head)))
@@ -162,9 +164,10 @@ def launcher_command(
     else:
         head = [sys.executable, "-m", "torch.distributed.run"]
         flags, tail = ["--monitor-interval", "0.5"], ["--no-wrapper"]
+    span = f"{min_nodes}:{nnodes}" if min_nodes is not None else str(nnodes)
     return [
         *head,
-        *("--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)),
+        *("--nnodes", span, "--nproc-per-node", str(nproc_per_node)),
         *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}"),
         *("--rdzv-id", job, "--max-restarts", str(max_restarts)),
         *(() if rdzv_host else ("--rdzv-conf", "is_host=0")),
@@ -216,6 +219,7 @@ def launch(
     rdzv_host: bool = True,
     only: int | None = None,
     spare_delay_s: float = 0.0,
+    min_nodes: int | None = None,
 ) -> list[subprocess.Popen[bytes]]:
     """One launcher per agent socket (= per imitated node); returns the launchers.
     `launcher` "ft_launcher" (the Wrapper inside) or "torchrun" (no NVRx: launcher
@@ -227,7 +231,8 @@ def launch(
     the job does not take it along. `only`: start node `only`'s launcher alone (a node
     back from repair, as its scheduler would). `spare_delay_s`: the launchers beyond
     `nnodes` start this much later, once the round has formed (NVRx 0.7's barrier
-    rendezvous does not complete when a spare joins the first round with the others)."""
+    rendezvous does not complete when a spare joins the first round with the others).
+    `min_nodes`: an elastic job (`--nnodes MIN:MAX`, MAX = `nnodes`)."""
     if launcher not in ("ft_launcher", "torchrun"):
         raise ValueError(f"launcher must be ft_launcher or torchrun, not {launcher!r}")
     work = Path(workdir).resolve()
@@ -294,6 +299,7 @@ def launch(
             shim=shim,
             launcher=launcher,
             rdzv_host=rdzv_host,
+            min_nodes=min_nodes,
         )
         if spare_delay_s > 0 and only is None and nnodes is not None and i >= nnodes:
             cmd = ["/bin/sh", "-c", f'sleep {spare_delay_s:g}; exec "$@"', "sh", *cmd]

@@ -163,7 +163,9 @@ def bench_recovery(
         str,
         typer.Option(
             help="comma-separated: baseline,launcher,in_process (one fault kind each); "
-            "mixed_baseline,mixed_launcher,mixed_nvrx,engine,engine_after_nvrx (mixed kinds)"
+            "mixed_baseline,mixed_launcher,mixed_nvrx,engine,engine_after_nvrx (mixed kinds); "
+            "launcher_warm (warm pool); exclude_spare,exclude_shrink (XID 79 on a node: a "
+            "hot spare takes its place, or the job shrinks)"
         ),
     ] = "baseline,launcher,in_process",
     faults: Annotated[int, typer.Option(min=1, max=50)] = 5,

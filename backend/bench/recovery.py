@@ -68,6 +68,7 @@ from trainguard.backend.bench.recovery_analysis import (
     recovery_phases,
     rendezvous_rounds,
 )
+from trainguard.backend.bench.recovery_exclusion import EXCLUSION_MODES
 
 MODES = ("baseline", "launcher", "in_process")
 FAULT_KIND = {
@@ -90,9 +91,11 @@ POOL_KEYS = (
 )
 MIXED_KINDS = "exception:0.2,hang:0.3,sigkill:0.5"
 MIXED_MODES = ("mixed_baseline", "mixed_launcher", "mixed_nvrx", "engine", "engine_after_nvrx")
-ALL_MODES = MODES + WARM_MODES + MIXED_MODES
+ALL_MODES = MODES + WARM_MODES + MIXED_MODES + EXCLUSION_MODES
 for _m in MIXED_MODES:
     FAULT_KIND[_m] = "mixed"
+for _m in EXCLUSION_MODES:
+    FAULT_KIND[_m] = "xid"
 
 
 class _Uplink(TypedDict, total=False):
@@ -296,6 +299,10 @@ def launch_kwargs(mode: str, faults: int, engine_defer_s: float = 3.0) -> dict[s
     """The demo job's options that make the mode (see the module docstring)."""
     if mode not in ALL_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
+    if mode in EXCLUSION_MODES:
+        from trainguard.backend.bench import recovery_exclusion
+
+        return recovery_exclusion.launch_kwargs(mode, faults)
     kw: dict[str, Any] = {
         "fault_kinds": MIXED_KINDS if FAULT_KIND[mode] == "mixed" else FAULT_KIND[mode]
     }
@@ -331,6 +338,20 @@ def run_mode(
     engine_policy: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """One mode, one job run (a fresh work directory: no checkpoints, no fired faults)."""
+    if mode in EXCLUSION_MODES:
+        from trainguard.backend.bench import recovery_exclusion
+
+        with tempfile.TemporaryDirectory(prefix=f"tg-recovery-{mode}-") as tmp:
+            return recovery_exclusion.run_mode(
+                mode,
+                Path(workdir or tmp) / mode,
+                faults=faults,
+                seed=seed,
+                ckpt_every=ckpt_every,
+                step_sleep=step_sleep,
+                pool=POOL_SIZE,
+                policy=str(engine_policy) if engine_policy else None,
+            )
     kw = launch_kwargs(mode, faults, engine_defer_s)
     engine = mode in ("engine", "engine_after_nvrx")
     with tempfile.TemporaryDirectory(prefix=f"tg-recovery-{mode}-") as tmp:
@@ -455,6 +476,13 @@ def run(
                 k: (round(warm[k] / cold[k], 3) if warm.get(k) and cold.get(k) else None)
                 for k in ("recovery_median_s", "recovery_max_s", "wall_s")
             }
+    for mode in EXCLUSION_MODES:
+        excl, warm = results.get(mode), results.get("launcher_warm")
+        if excl and warm:  # the issue's goal: exclusion with a spare <= 1.5 x this
+            excl["vs_launcher_warm"] = {
+                k: (round(excl[k] / warm[k], 3) if excl.get(k) and warm.get(k) else None)
+                for k in ("recovery_median_s", "recovery_max_s")
+            }
     for mode, r in results.items():
         base = results.get("mixed_baseline" if FAULT_KIND[mode] == "mixed" else "baseline")
         if not base:
@@ -530,9 +558,14 @@ def table(result: dict[str, Any]) -> str:
             f"| {r['trainguard']['goodput']} "
             f"| {vb.get('recovery_median_s')}, {vb.get('wall_s')}, {vb.get('goodput')} |"
         )
-    phase_rows = [(mode, r["phases"]) for mode, r in result["modes"].items() if r.get("phases")]
+    phase_rows = [
+        (mode, r["phases"])
+        for mode, r in result["modes"].items()
+        if r.get("phases") and mode not in EXCLUSION_MODES
+    ]
     if phase_rows:
         rows += ["", phases_table(phase_rows)]
+    rows += exclusion_tables(result)
     for mode, r in result["modes"].items():
         if r.get("warm_vs_cold"):
             w = r["warm_vs_cold"]
@@ -558,6 +591,24 @@ def table(result: dict[str, Any]) -> str:
                 decisions_table(r["engine"]),
             ]
     return "\n".join(rows)
+
+
+def exclusion_tables(result: dict[str, Any]) -> list[str]:
+    """The exclusion modes' phases and faults, and their ratio to launcher_warm."""
+    from trainguard.backend.bench import recovery_exclusion_tables as rx
+
+    excl = [(m, r["phases"]) for m, r in result["modes"].items() if m in EXCLUSION_MODES]
+    if not excl:
+        return []
+    rows = ["", rx.phases_table(excl), "", rx.faults_table(result)]
+    for mode, r in result["modes"].items():
+        if r.get("vs_launcher_warm"):
+            v = r["vs_launcher_warm"]
+            rows.append(
+                f"\n{mode} / launcher_warm (same invocation): recovery median "
+                f"{v['recovery_median_s']}, max {v['recovery_max_s']}"
+            )
+    return rows
 
 
 PHASES = (

@@ -118,18 +118,28 @@ def analyse(
     end: float,
     world: int = 4,
     relaunches: list[float] | tuple[float, ...] = (),
+    fired: list[tuple[float, int, int, int]] | None = None,
+    resumed_after: dict[int, float] | None = None,
+    resume_world: int | None = None,
 ) -> dict[str, Any]:
     """Recovery per fault, wasted steps, productive time and efficiency from the agents'
-    records (see the module docstring for the definitions)."""
-    fired = fired_faults(nodes.events)
+    records (see the module docstring for the definitions).
+
+    `fired`: the faults as (ts, index, rank, step) where they are not the SDK's injection
+    logs (a fault from outside the ranks, such as an XID). `resumed_after`: per fault
+    index, the time before which no step counts as resumed (a fault that does not stop
+    the ranks lets the old generation train on until it is ended). `resume_world`: the
+    ranks that train after a fault, where the job re-forms smaller (`--nnodes MIN:MAX`)."""
+    fired = fired_faults(nodes.events) if fired is None else sorted(fired)
     steps = sorted(nodes.steps, key=lambda s: s.end)
     per_fault = []
     for ts, index, rank, fstep in fired:
+        cut = max(ts, (resumed_after or {}).get(index, ts))
         firsts: dict[int, Any] = {}
         for s in steps:
-            if s.start > ts and s.end > ts and s.rank not in firsts:
+            if s.start > cut and s.end > ts and s.rank not in firsts:
                 firsts[s.rank] = s
-        if len(firsts) < world:  # the job never got going again after this fault
+        if len(firsts) < (resume_world or world):  # the job never got going again
             per_fault.append({"index": index, "rank": rank, "step": fstep, "recovered": False})
             continue
         resumed = min(s.step for s in firsts.values())
@@ -204,7 +214,10 @@ def rendezvous_rounds(logs: list[str]) -> list[float]:
 
 
 def recovery_phases(
-    nodes: Any, per_fault: list[dict[str, Any]], rounds: list[float] | tuple[float, ...] = ()
+    nodes: Any,
+    per_fault: list[dict[str, Any]],
+    rounds: list[float] | tuple[float, ...] = (),
+    fired: list[tuple[float, int, int, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Seconds from each recovered fault to the phases of its launcher restart, from the
     agents' records and the launchers' logs: the last old worker's `rank_exit`, the last
@@ -215,12 +228,13 @@ def recovery_phases(
     `restore_start`
     (process groups built, the checkpoint chosen) and `restore_end` (checkpoint loaded),
     and the first step done (the recovery). Empty for faults without a new generation
-    (in-process restarts)."""
-    fired = {index: ts for ts, index, _rank, _step in fired_faults(nodes.events)}
+    (in-process restarts). `fired`: as for `analyse`."""
+    faults = fired_faults(nodes.events) if fired is None else fired
+    fired_at = {index: ts for ts, index, _rank, _step in faults}
     starts: dict[int, float] = getattr(nodes, "proc_starts", {})
     out = []
     for f in per_fault:
-        ts = fired.get(f["index"])
+        ts = fired_at.get(f["index"])
         if ts is None or not f.get("recovered"):
             continue
         end = ts + f["recovery_s"]
