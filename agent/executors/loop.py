@@ -347,13 +347,20 @@ class CommandLoop(InProcessRestart):
 
     def _already_restarted(self, cmd: Command, level: str) -> list[Any] | None:
         """The job's ranks here if all of them are in a later generation than the
-        fault's (the command's params), else None. A generation is (attempt, iteration)
-        for an in_process command; a launcher restart makes new processes, so for a
-        launcher command only a later attempt counts."""
+        fault's (the command's params) and started after it, else None. A generation is
+        (attempt, iteration) for an in_process command; a launcher restart makes new
+        processes, so for a launcher command only a later attempt counts."""
         fault = cmd.typed_params()
         it, att = fault.iteration, fault.attempt
         recs = self.local.job_ranks(cmd.job)
         if not recs:
+            return None
+        if fault.fault_at is not None and not all(
+            r.iteration_started_at > fault.fault_at for r in recs
+        ):
+            # Ranks that started before the fault are not its restart, whatever their
+            # numbers: the attempts of two nodes' launchers are not comparable (torchrun
+            # counts a restart on the failed node only; a spare that joined starts at 0).
             return None
         if level == "launcher":
             if att is None or not all(r.attempt > att for r in recs):

@@ -95,12 +95,19 @@ def test_in_process_command_is_acked_phase_by_phase_and_runs_once(
         assert backend.phases("c3") == ["delivered", "torn_down", "restarted", "resumed"]
         assert "already restarted" in backend.acks[-1][1].detail
         assert all(node.local.ranks[p.pid].iteration == 1 for p in ranks)
+        # Past the fault's generation by number, but the ranks' iteration started before
+        # the fault (another node's numbering, a spare's): not its restart, it is run.
+        later = time.time()
+        backend.pending.put(command("c4", "in_process", attempt=0, iteration=0, fault_at=later))
+        wait_for(lambda: backend.phases("c4")[-1:] == ["resumed"], timeout=30)
+        assert "already restarted" not in backend.acks[-1][1].detail
+        assert all(node.local.ranks[p.pid].iteration == 2 for p in ranks)
     finally:
         loop.stop()
     # a restarted agent remembers it too (the spool directory)
     again = CommandLoop(node.agent, node.local, transport=backend, node="n1", spool_dir=tmp_path)
     assert again.handle(command("c1", "in_process")) is None
-    assert all(node.local.ranks[p.pid].iteration == 1 for p in ranks)
+    assert all(node.local.ranks[p.pid].iteration == 2 for p in ranks)
 
 
 def test_launcher_command_ends_the_workers_not_the_launcher(make_node, spawn, tmp_path) -> None:
