@@ -261,3 +261,31 @@ def test_the_cli_exports_and_replays_and_refuses_bad_input_in_one_line(
     assert r.output.count("\n") == 1 and "breaker.max_fraction" in r.output
     r = run(cli.app, ["replay", "--policy", str(cand), "--from", "1000", "--to", "2000"], env=env)
     assert r.exit_code == 2 and "no evidence" in r.output and r.output.count("\n") == 1
+
+
+def test_a_period_that_ends_while_its_nodes_report_judges_no_silence_after_its_end(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """The record ends with the period, not the nodes: the replay's run-on after its end
+    must not take the nodes' silence for a node death (the first to fall silent would look
+    down beside its job's peers)."""
+    c = make_cluster()
+    start = c.clock.t
+    c.job("a", {"n0": (0,), "n1": (1,)})
+    c.clock.advance(5)
+    c.job("a", {"n0": (0,)}, step=11)
+    c.clock.advance(8)
+    c.job("a", {"n1": (1,)}, step=11)
+    c.event("n1", "exception", job="a", rank=1, message="boom")
+    c.decide()
+    c.clock.advance(1)
+    c.recover()
+    c.clock.advance(1)
+    c.decide()
+    with c.engine.sessions() as s:
+        tr = service.export(s, start - 1, c.clock.t + 1, None)
+    out = service.replay(
+        tr, load_policy(None), None, limits=LIMITS, fresh_within_s=30.0, folder=tmp_path
+    )
+    assert [r["cause"] for r in out["incidents"]] == ["exception"], out["incidents"]
+    assert out["self_check"]["exact"] is True
