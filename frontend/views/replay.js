@@ -8,7 +8,7 @@
 //
 // The form and the last report outlive the view (this tab's memory), so following an
 // incident's link and coming back shows them again.
-import { apiGet, apiPost, canOperate, isMissingRoute } from "../api.js";
+import { apiGet, apiPost, canOperate, getToken, isMissingRoute } from "../api.js";
 import { h, replace } from "../lib/dom.js";
 import { reportView } from "../lib/replay.js";
 
@@ -31,8 +31,9 @@ const PERIODS = [
   ["range", "from \u2026 to \u2026"],
 ];
 
-// What the page keeps while the tab lives: the form and the last report.
-const kept = { policy: EXAMPLE, period: "86400", from: "", to: "", job: "", report: null };
+// What the page keeps while the tab lives: the form and the last report (shown again only
+// to the token that asked for it: a sign-out forgets it).
+const kept = { policy: EXAMPLE, period: "86400", from: "", to: "", job: "", report: null, token: null };
 
 /** A refusal in the page's words: what went wrong, then the server's own reason. */
 function refusalText(error) {
@@ -133,7 +134,7 @@ export function mount(root, ctx) {
       : h(
           "p",
           { class: "muted note replay-viewer" },
-          "Replaying needs an operator token; this one may only read. The last report of this tab stays below.",
+          "Replaying needs an operator token; this one may only read.",
         ),
     message,
   );
@@ -231,6 +232,7 @@ export function mount(root, ctx) {
     result.classList.add("stale");
     try {
       kept.report = await apiPost("policy/replay", request, { signal: controller.signal });
+      kept.token = getToken();
       show();
     } catch (error) {
       if (error.name !== "AbortError") refuse(error);
@@ -249,7 +251,8 @@ export function mount(root, ctx) {
   });
 
   function show() {
-    replace(result, kept.report ? reportView(kept.report) : null);
+    const mine = kept.report && kept.token === getToken();
+    replace(result, mine ? reportView(kept.report) : null);
   }
   show();
 
