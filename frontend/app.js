@@ -21,6 +21,7 @@ import * as jobs from "./views/jobs.js";
 import * as login from "./views/login.js";
 import * as nodeView from "./views/node.js";
 import * as overview from "./views/overview.js";
+import * as replay from "./views/replay.js";
 
 const named = (match) => ({ name: decodeURIComponent(match[1]) });
 
@@ -36,6 +37,7 @@ const routes = [
     view: incidentView,
     params: (match) => ({ id: Number(match[1]) }),
   },
+  { name: "replay", pattern: /^\/replay$/, view: replay, params: () => ({}) },
 ];
 
 // The top navigation: a link is current on its own page and on the pages under it.

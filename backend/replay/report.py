@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from trainguard.backend.engine.policy import Policy
 from trainguard.backend.replay.run import Outcome
 from trainguard.backend.replay.trace import Trace
 
@@ -143,6 +144,9 @@ def compare(trace: Trace, current: Outcome, candidate: Outcome | None = None) ->
         row: dict[str, Any] = {"job": k[0], "cause": k[1], "node": k[2] or None, "fault_at": k[3]}
         for name, (_, per) in done.items():
             row[name] = per.get(k)
+        # The live incident the record holds (its page, its timeline); the runs' own ids
+        # are of their scratch databases.
+        row["incident_id"] = row["recorded"]["id"] if row["recorded"] else None
         row["self_check"] = _same(row["recorded"], row["current"])
         mismatches += not row["self_check"]
         if candidate is not None:
@@ -164,3 +168,33 @@ def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return all(a[f] == b[f] for f in COMPARED)
+
+
+# Policy keys whose values are commands (they may carry hosts or credentials): a change
+# is shown as set/empty, never the command, as GET /engine shows them.
+_COMMANDS = {"hooks.cordon", "hooks.uncordon", "hooks.gpu_reset", "readmission.health_check"}
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{name}."))
+        else:
+            out[name] = "set" if name in _COMMANDS and v else "empty" if name in _COMMANDS else v
+    return out
+
+
+def policy_changes(current: Policy, candidate: Policy) -> list[dict[str, Any]]:
+    """The keys where the candidate differs from the policy in force, with both values
+    (dotted names, as in the policy file); shadow rules as `<rule> (shadow)`."""
+    a = _flat(current.model.model_dump(mode="json"))
+    b = _flat(candidate.model.model_dump(mode="json"))
+    for policy, flat in ((current, a), (candidate, b)):
+        flat.update({f"{rule} (shadow)": action for rule, action in policy.shadow_rules.items()})
+    return [
+        {"key": k, "current": a.get(k), "candidate": b.get(k)}
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k) != b.get(k)
+    ]

@@ -58,9 +58,24 @@ class VirtualClock:
 class ReplayEngine(DecisionEngine):
     """The live engine, with hooks answered from the record instead of run."""
 
-    def __init__(self, *args: Any, hooks: dict[tuple[str, float], list[dict[str, Any]]], **kw: Any):
+    def __init__(
+        self,
+        *args: Any,
+        hooks: dict[tuple[str, float], list[dict[str, Any]]],
+        record_ends: float,
+        **kw: Any,
+    ):
         super().__init__(*args, **kw)
         self.recorded_hooks = hooks
+        self.record_ends = record_ends
+
+    def _sweep(self, s: Session) -> None:
+        # Past the period's end the record says nothing of the nodes (they may well report
+        # on): their silence there is the record's end, not a node's death. Judged as if the
+        # engine had just started listening, it is never evidence.
+        if self.clock() > self.record_ends:
+            self._leading_since = self.clock()
+        super()._sweep(s)
 
     def _submit_hook(self, job: HookJob) -> None:
         with self.sessions() as s:
@@ -144,6 +159,7 @@ def _drive(
         sweep_s=sweep_s,
         clock=clock,
         hooks=hooks,
+        record_ends=trace.until,
     )
     # The live engine had been listening long before the period (silence is judged).
     eng.run_once()

@@ -52,6 +52,12 @@ class SelfCheck(BaseModel):
     exact: bool
 
 
+class PolicyChange(BaseModel):
+    key: str = Field(description="dotted, as in the policy file (breaker.max_fraction)")
+    current: Any = Field(description="its value in the policy in force")
+    candidate: Any = Field(description="its value in the candidate")
+
+
 class ReplayReport(BaseModel):
     period: dict[str, float | str | None]
     evidence: int = Field(description="events of the period replayed")
@@ -61,6 +67,14 @@ class ReplayReport(BaseModel):
     totals: dict[str, RunTotals] = Field(description="recorded, current, candidate")
     self_check: SelfCheck
     differences: int | None = Field(description="incidents the candidate decides otherwise")
-    incidents: list[dict[str, Any]] = Field(description="per incident: each run's summary")
+    incidents: list[dict[str, Any]] = Field(
+        description="per incident: each run's summary; incident_id: the recorded (live) "
+        "incident, null where the record has none"
+    )
     policies: dict[str, str | None]
+    policy_changes: list[PolicyChange] = Field(
+        default_factory=list,
+        description="the keys where the candidate differs from the policy in force "
+        "(hook commands as set/empty)",
+    )
     replay_s: float

@@ -105,6 +105,7 @@ def replay(
         "current": current.source,
         "candidate": candidate.source if candidate else None,
     }
+    out["policy_changes"] = report.policy_changes(current, candidate) if candidate else []
     out["replay_s"] = round(time.perf_counter() - started, 3)
     return out
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from tests.backend.engine.conftest import FRESH_S
 from trainguard.backend.engine.policy import load_policy, load_policy_text
 from trainguard.backend.models import Base
-from trainguard.backend.replay import cli, service, trace
+from trainguard.backend.replay import cli, report, service, trace
 
 LIMITS = service.Limits(max_events=100_000, max_incidents=10_000)
 LOWER_CAP = "[breaker]\nmax_fraction = 0.125\n"
@@ -132,6 +132,27 @@ def test_a_candidate_that_lowers_the_breakers_cap_shows_the_holds_it_would_cause
         ("n2", ["n2"], "pending")
     ]
     assert out["differences"] == 1
+    # Each row names the live incident it replays (its page), the record's own id.
+    live = {(i["node"], i["id"]) for i in c.incidents()}
+    assert {(r["node"], r["incident_id"]) for r in out["incidents"]} == live
+    assert out["policy_changes"] == [
+        {"key": "breaker.max_fraction", "current": 0.25, "candidate": 0.125}
+    ]
+
+
+def test_policy_changes_name_each_key_and_never_show_a_hook_command() -> None:
+    current = load_policy(None)
+    candidate = load_policy_text(
+        '[limits]\ncooldown_s = 0\n[hooks]\ncordon = "ssh admin@bmc drain {node}"\n'
+        '[causes]\nhang = { action = "launcher", shadow = true }\n',
+        "candidate",
+    )
+    assert report.policy_changes(current, candidate) == [
+        {"key": "causes.hang (shadow)", "current": None, "candidate": "launcher"},
+        {"key": "hooks.cordon", "current": "empty", "candidate": "set"},
+        {"key": "limits.cooldown_s", "current": 10.0, "candidate": 0.0},
+    ]
+    assert report.policy_changes(current, current) == []
 
 
 def _live_tables(url_sessions: Any) -> dict[str, tuple[int, str]]:
@@ -159,6 +180,8 @@ def test_replay_through_the_api_never_writes_the_live_tables(make_cluster: Any) 
     body = r.json()
     assert body["self_check"]["exact"] is True
     assert body["totals"]["candidate"]["breaker_holds"] == 2
+    assert {r["incident_id"] for r in body["incidents"]} == {i["id"] for i in c.incidents()}
+    assert body["policy_changes"][0]["key"] == "breaker.max_fraction"
     assert _live_tables(c.engine.sessions) == before
     assert before["incidents"][0] == 3
 
@@ -238,3 +261,31 @@ def test_the_cli_exports_and_replays_and_refuses_bad_input_in_one_line(
     assert r.output.count("\n") == 1 and "breaker.max_fraction" in r.output
     r = run(cli.app, ["replay", "--policy", str(cand), "--from", "1000", "--to", "2000"], env=env)
     assert r.exit_code == 2 and "no evidence" in r.output and r.output.count("\n") == 1
+
+
+def test_a_period_that_ends_while_its_nodes_report_judges_no_silence_after_its_end(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """The record ends with the period, not the nodes: the replay's run-on after its end
+    must not take the nodes' silence for a node death (the first to fall silent would look
+    down beside its job's peers)."""
+    c = make_cluster()
+    start = c.clock.t
+    c.job("a", {"n0": (0,), "n1": (1,)})
+    c.clock.advance(5)
+    c.job("a", {"n0": (0,)}, step=11)
+    c.clock.advance(8)
+    c.job("a", {"n1": (1,)}, step=11)
+    c.event("n1", "exception", job="a", rank=1, message="boom")
+    c.decide()
+    c.clock.advance(1)
+    c.recover()
+    c.clock.advance(1)
+    c.decide()
+    with c.engine.sessions() as s:
+        tr = service.export(s, start - 1, c.clock.t + 1, None)
+    out = service.replay(
+        tr, load_policy(None), None, limits=LIMITS, fresh_within_s=30.0, folder=tmp_path
+    )
+    assert [r["cause"] for r in out["incidents"]] == ["exception"], out["incidents"]
+    assert out["self_check"]["exact"] is True
