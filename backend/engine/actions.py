@@ -190,6 +190,11 @@ class Actions:
         readmitted, restarts it in place."""
         now = max(self.clock(), inc.acted_at or 0.0)
         hosts = q.job_nodes(session, job.id, now - self.fresh_within_s)
+        if set(hosts) == {node.id}:
+            # Not the job's only node if another one's ranks train on unheard (its agent
+            # silent): its launcher re-forms the job without this one.
+            for other in q.live_elsewhere(session, job.id, node.id):
+                hosts.setdefault(other, [])
         grace = self.policy.model.escalation.leave_grace_s
         n = incidents.leave_job(session, inc, job, node, hosts, now, grace, entry)
         self.commands += n

@@ -59,6 +59,25 @@ def job_nodes(
     return out
 
 
+def live_elsewhere(session: Session, job_id: int, node_id: int) -> list[int]:
+    """Other nodes, not cordoned, where the job has ranks that were alive when last heard,
+    however long ago: a node whose agent is silent (stopped, restarting) while its ranks
+    train on (silence.py: not node down) still hosts the job."""
+    return list(
+        session.scalars(
+            select(Rank.node_id)
+            .join(Node, Node.id == Rank.node_id)
+            .where(
+                Rank.job_id == job_id,
+                Rank.alive.is_(True),
+                Rank.node_id != node_id,
+                Node.cordoned.is_(False),
+            )
+            .distinct()
+        )
+    )
+
+
 def hard_xids_on_node(session: Session, node_id: int, since: float, until: float) -> int:
     """Hard XIDs (and lost GPUs) reported by one node in a time window."""
     rows = session.execute(

@@ -145,3 +145,21 @@ def test_an_operators_cordon_of_a_node_with_live_ranks_asks_for_force_then_exclu
     # A second cordon changes nothing and needs no force.
     r = c.client.post("/api/v1/nodes/n1/cordon", json={"reason": "again"})
     assert r.status_code == 200 and r.json()["changed"] is False and r.json()["incidents"] == []
+
+
+def test_a_node_whose_agent_is_silent_while_its_ranks_train_still_hosts_the_job(
+    make_cluster: Any,
+) -> None:
+    # n2's agent stopped a minute ago (a restart, an upgrade) and its ranks train on
+    # unheard: the job is not n1's alone, so n1 leaves it when its GPU falls off the bus
+    # (kept, its launcher would rejoin every round on a node that cannot train).
+    c = make_cluster(fresh=15.0)
+    c.job("job", {"n1": (0, 1), "n2": (2, 3)})
+    c.clock.advance(60)
+    c.heard("n1", c.clock.t)
+    c.event("n1", "xid", xid=79, gpu_uuid="GPU-n1-0")
+    c.decide()
+    (inc,) = [i for i in c.incidents("job") if i["cause"] == "xid 79"]
+    assert inc["level"] == "exclude_node"
+    assert inc["decisions"][-1]["leave"] == "n1 leaves job job: its launcher is ended"
+    assert [x["action"] for x in c.commands("n1")] == ["exclude_node"]
