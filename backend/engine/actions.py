@@ -193,7 +193,7 @@ class Actions:
         if set(hosts) == {node.id}:
             # Not the job's only node if another one's ranks train on unheard (its agent
             # silent): its launcher re-forms the job without this one.
-            for other in q.live_elsewhere(session, job.id, node.id):
+            for other in q.live_elsewhere(session, job.id, {node.id}):
                 hosts.setdefault(other, [])
         grace = self.policy.model.escalation.leave_grace_s
         n = incidents.leave_job(session, inc, job, node, hosts, now, grace, entry)
@@ -256,6 +256,10 @@ class Actions:
             )
             return 0
         targets = q.job_nodes(session, job.id, now - self.fresh_within_s, exclude)
+        if not targets and exclude:
+            # Nodes whose agent is silent while their ranks train on: their commands wait
+            # for the agent's next poll (durable), the job has capacity there.
+            targets = q.live_elsewhere(session, job.id, exclude)
         if not targets and exclude:
             # The excluded node was the job's last: no schedulable capacity is left. The
             # job waits (one alert), the incident stays open until capacity comes back.

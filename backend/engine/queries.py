@@ -59,23 +59,28 @@ def job_nodes(
     return out
 
 
-def live_elsewhere(session: Session, job_id: int, node_id: int) -> list[int]:
-    """Other nodes, not cordoned, where the job has ranks that were alive when last heard,
-    however long ago: a node whose agent is silent (stopped, restarting) while its ranks
-    train on (silence.py: not node down) still hosts the job."""
-    return list(
-        session.scalars(
-            select(Rank.node_id)
-            .join(Node, Node.id == Rank.node_id)
-            .where(
-                Rank.job_id == job_id,
-                Rank.alive.is_(True),
-                Rank.node_id != node_id,
-                Node.cordoned.is_(False),
-            )
-            .distinct()
+def live_elsewhere(
+    session: Session, job_id: int, exclude: set[int] | frozenset[int]
+) -> dict[int, list[int]]:
+    """Nodes but `exclude`, not cordoned, where the job has ranks that were alive when
+    last heard, however long ago, with those ranks: a node whose agent is silent
+    (stopped, restarting) while its ranks train on (silence.py: not node down) still
+    hosts the job."""
+    rows = session.execute(
+        select(Rank.node_id, Rank.rank)
+        .join(Node, Node.id == Rank.node_id)
+        .where(
+            Rank.job_id == job_id,
+            Rank.alive.is_(True),
+            Rank.node_id.not_in(exclude),
+            Node.cordoned.is_(False),
         )
-    )
+        .order_by(Rank.rank)
+    ).all()
+    out: dict[int, list[int]] = {}
+    for node_id, rank in rows:
+        out.setdefault(node_id, []).append(rank)
+    return out
 
 
 def hard_xids_on_node(session: Session, node_id: int, since: float, until: float) -> int:

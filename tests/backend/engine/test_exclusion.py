@@ -163,3 +163,7 @@ def test_a_node_whose_agent_is_silent_while_its_ranks_train_still_hosts_the_job(
     assert inc["level"] == "exclude_node"
     assert inc["decisions"][-1]["leave"] == "n1 leaves job job: its launcher is ended"
     assert [x["action"] for x in c.commands("n1")] == ["exclude_node"]
+    # The restart waits for n2's agent (durable): the job has capacity there, it does
+    # not wait for any.
+    assert [x["action"] for x in c.commands("n2")] == ["launcher"]
+    assert inc["job_state"] != "waiting", inc
