@@ -47,6 +47,11 @@ from trainguard.agent.ranks.table import RankRecord, RankTable
 log = logging.getLogger(__name__)
 
 _SLACK_S = 0.01  # wake this long after a deadline, so the check finds it passed
+# The agent itself did not run for this long past a planned check (SIGSTOP, a VM pause,
+# swapping): what its ranks sent meanwhile was dropped or is still queued, so their
+# heartbeats and steps look old. Nothing is judged by the clock for STALL_GRACE_S after.
+STALL_S = 2.0
+STALL_GRACE_S = 3.0
 
 
 @dataclass
@@ -148,6 +153,9 @@ class Liveness:
         self.keep_exited_s = keep_exited_s
         self.stop_grace_s = stop_grace_s
         self.selector: selectors.BaseSelector | None = None  # the server's, while it runs
+        self._due = math.inf  # when check() asked to run next (monotonic)
+        self._quiet_until = 0.0  # no clock judgment before then: the agent had stalled
+        self.stalls = 0
 
     # --- exit watch ---------------------------------------------------------------------
 
@@ -281,9 +289,20 @@ class Liveness:
     def check(self, mono: float, now: float) -> float:
         """The clock checks of every rank; returns the monotonic time of the next one
         (inf: nothing to check until a message or an exit comes)."""
+        late = mono - self._due
+        if late > STALL_S:
+            self.stalls += 1
+            self._quiet_until = mono + STALL_GRACE_S
+            log.warning(
+                "the agent did not run for %.1f s past a planned check (stopped, paused?): "
+                "no heartbeat or hang judgment for %.0f s while its ranks' news comes in",
+                late,
+                STALL_GRACE_S,
+            )
         next_t = math.inf
         for rec in list(self.table.ranks.values()):
             next_t = min(next_t, self.check_rank(rec, mono, now))
+        self._due = next_t
         return next_t
 
     def check_rank(self, rec: RankRecord, mono: float, now: float) -> float:
@@ -308,6 +327,8 @@ class Liveness:
                 self.exited(rec, own_zombie(rec, info), now)
                 return self.check_rank(rec, mono, now)
             next_t = mono + self.check_interval
+        if mono < self._quiet_until:
+            return min(next_t, self._quiet_until + _SLACK_S)
         hb_age = now - rec.last_heartbeat if rec.last_heartbeat else 0.0
         if hb_age > self.heartbeat_timeout_s:
             if not rec.heartbeat_lost_reported:
