@@ -16,16 +16,22 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
+from trainguard.backend.cluster.schemas import BackendEventKind
+from trainguard.backend.engine.evidence import EVIDENCE_KINDS
 from trainguard.backend.models import Event, Gpu, Job, Node, NodeCordon, Rank, Step
+from trainguard.backend.replay.gpuspans import Spans
 from trainguard.backend.replay.trace import Trace
 
 # At one instant: a node's batch, then its events (in id order), then its steps.
 _BATCH, _JOB, _EVENT, _STEP = 0, 1, 2, 3
+# Events the engine itself writes (an agent's silence judged, a shadow rule's verdict):
+# the record's conclusions, not its inputs; the replay's engine writes its own.
+ENGINE_MADE = frozenset(get_args(BackendEventKind))
 # A node's clock offset (its last batch's) places its steps on the backend's clock only
 # when it is this small; a larger one may not have held over the period.
 MAX_OFFSET_S = 10.0
@@ -65,6 +71,10 @@ class World:
                 self._first_pid[k] = pid if e["kind"] == "rank_exit" and pid else 0
         self.items: list[tuple[float, int, int, dict[str, Any]]] = []
         self.pos = 0
+        self.last_beat: dict[str, float] = {}  # each node's last batch applied
+        self.spans = Spans(trace["gpu_span"])
+        self._steps: list[dict[str, Any]] = []  # applied, not yet written (_flush)
+        self._ranks_stepped: dict[int, dict[str, Any]] = {}
         self._build()
 
     # --- the timeline ---------------------------------------------------------------------
@@ -74,14 +84,18 @@ class World:
         for b in self.trace["batch"]:
             beats.setdefault(b["node"], []).append(b["received_at"])
         for e in self.trace["event"]:
-            if e["node"] is not None:
+            if e["node"] is not None and e["kind"] not in ENGINE_MADE:
                 beats.setdefault(e["node"], []).append(e["received_at"])
         for times in beats.values():
             times.sort()
         items: list[tuple[float, int, int, dict[str, Any]]] = []
         for node, times in beats.items():
             items.extend((t, _BATCH, 0, {"node": node}) for t in times)
-        items.extend((e["received_at"], _EVENT, e["id"], e) for e in self.trace["event"])
+        items.extend(
+            (e["received_at"], _EVENT, e["id"], e)
+            for e in self.trace["event"]
+            if e["kind"] not in ENGINE_MADE
+        )
         # A job's ranks are listed from the job's first batch (they may report no step or
         # event before a fault).
         items.extend((j["first_seen"], _JOB, n, j) for n, j in enumerate(self.trace["job"]))
@@ -92,6 +106,9 @@ class World:
             items.append((times[i] if i < len(times) else seen, _STEP, n, s))
         items.sort(key=lambda x: (x[0], x[1], x[2]))
         self.items = items
+        self._evidence = [
+            i for i, (_, k, _, r) in enumerate(items) if k == _EVENT and r["kind"] in EVIDENCE_KINDS
+        ]
 
     @property
     def start(self) -> float:
@@ -103,6 +120,11 @@ class World:
 
     def next_at(self) -> float | None:
         return self.items[self.pos][0] if self.pos < len(self.items) else None
+
+    def next_evidence_at(self) -> float | None:
+        """When the next evidence is received (the live engine is woken by its commit)."""
+        i = bisect.bisect_left(self._evidence, self.pos)
+        return self.items[self._evidence[i]][0] if i < len(self._evidence) else None
 
     # --- the rows ---------------------------------------------------------------------------
 
@@ -174,8 +196,10 @@ class World:
         while self.pos < len(self.items) and self.items[self.pos][0] <= until:
             t, kind, _, rec = self.items[self.pos]
             self.pos += 1
+            if kind != _STEP:
+                self._flush(s)
             if kind == _BATCH:
-                beats[rec["node"]] = t
+                beats[rec["node"]] = self.last_beat[rec["node"]] = t
                 self._heard(s, rec["node"], t)
             elif kind == _JOB:
                 for job, rank in self.final:
@@ -186,9 +210,37 @@ class World:
                 stored.append(rec["id"])
             else:
                 self._step(s, rec, t)
-        for node, t in beats.items():
+        self._flush(s)
+        self.spans.advance(s, until)
+        for node, t in sorted(beats.items(), key=lambda b: b[1]):
             s.execute(update(Node).where(Node.id == self.node_ids[node]).values(last_seen=t))
+            self._generation(s, node)
         return stored
+
+    def _generation(self, s: Session, node: str) -> None:
+        """As ingest does with each batch that lists ranks: each job's attempt and
+        iteration become the highest of the node's ranks listed (each its own maximum),
+        whatever another node's batch said before (two launchers count their restarts
+        apart)."""
+        gens: dict[str, tuple[int, int]] = {}
+        for (job, _), r in self.ranks.items():
+            if r.node == node:
+                a, i = gens.get(job, (0, 0))
+                gens[job] = (max(a, r.attempt), max(i, r.iteration))
+        for job, (attempt, iteration) in gens.items():
+            row = s.get(Job, self.job_ids[job])
+            if row is not None:
+                row.attempt, row.iteration = attempt, iteration
+
+    def report_on(self, s: Session, t: float, fresh_s: float) -> None:
+        """Past the period's end the world is unknown: a node whose agent reported within
+        `fresh_s` of the end is taken to report on (at `t`), so that the replay's tail does
+        not read the end of the record as every agent falling silent."""
+        until = self.trace.until
+        for node, last in self.last_beat.items():
+            if last >= until - fresh_s and t > until:
+                self._heard(s, node, t)
+                s.execute(update(Node).where(Node.id == self.node_ids[node]).values(last_seen=t))
 
     def _rank(self, s: Session, job: str, rank: int, t: float) -> _Rank | None:
         key = (job, rank)
@@ -240,7 +292,6 @@ class World:
             insert(Event),
             [
                 {
-                    "id": e["id"],
                     "node_id": self.node_ids.get(e["node"]) if e["node"] else None,
                     "ts": e["ts"],
                     "received_at": t,
@@ -281,7 +332,9 @@ class World:
             for k in ("in_process", "launcher", "local_rank"):
                 if data.get(k) is not None:
                     vals[k] = data[k]
-            self._job_generation(s, e["job"], r.attempt, r.iteration, t)
+            row = s.get(Job, self.job_ids[e["job"]])
+            if row is not None:
+                row.last_seen = max(row.last_seen, t)
         else:
             pid = data.get("pid")
             if pid is not None and r.pid_known and pid != r.pid:
@@ -291,33 +344,32 @@ class World:
         r.updated_at = t
         s.execute(update(Rank).where(Rank.id == r.id).values(**vals))
 
-    def _job_generation(self, s: Session, job: str, attempt: int, iteration: int, t: float) -> None:
-        jid = self.job_ids[job]
-        row = s.get(Job, jid)
-        if row is None:
-            return
-        row.attempt = max(row.attempt, attempt)
-        row.iteration = max(row.iteration, iteration) if attempt <= row.attempt else iteration
-        row.last_seen = max(row.last_seen, t)
+    def _flush(self, s: Session) -> None:
+        """Write the steps applied since the last flush, and their ranks' rows, at once
+        (before anything else of the world is applied: the order of the writes is the
+        record's)."""
+        if self._steps:
+            s.execute(insert(Step), self._steps)
+            self._steps = []
+        for rid, vals in self._ranks_stepped.items():
+            s.execute(update(Rank).where(Rank.id == rid).values(**vals))
+        self._ranks_stepped = {}
 
     def _step(self, s: Session, st: dict[str, Any], t: float) -> None:
         if st["job"] not in self.job_ids or st["node"] not in self.node_ids:
             return
-        s.execute(
-            insert(Step),
-            [
-                {
-                    "job_id": self.job_ids[st["job"]],
-                    "node_id": self.node_ids[st["node"]],
-                    "rank": st["rank"],
-                    "step": st["step"],
-                    "start": st["start"],
-                    "end": st["end"],
-                    "attempt": st["attempt"],
-                    "iteration": st["iteration"],
-                    "compute_s": st["compute_s"],
-                }
-            ],
+        self._steps.append(
+            {
+                "job_id": self.job_ids[st["job"]],
+                "node_id": self.node_ids[st["node"]],
+                "rank": st["rank"],
+                "step": st["step"],
+                "start": st["start"],
+                "end": st["end"],
+                "attempt": st["attempt"],
+                "iteration": st["iteration"],
+                "compute_s": st["compute_s"],
+            }
         )
         r = self._rank(s, st["job"], st["rank"], t)
         if r is not None:
@@ -327,20 +379,14 @@ class World:
             r.last_step = st["step"] if r.last_step is None else max(r.last_step, st["step"])
             if st["node"] != r.node:
                 r.node = st["node"]
-            s.execute(
-                update(Rank)
-                .where(Rank.id == r.id)
-                .values(
-                    last_step=r.last_step,
-                    attempt=r.attempt,
-                    iteration=r.iteration,
-                    node_id=self.node_ids[r.node],
-                    updated_at=max(r.updated_at, t) if r.alive else r.updated_at,
-                )
-            )
+            self._ranks_stepped[r.id] = {
+                "last_step": r.last_step,
+                "attempt": r.attempt,
+                "iteration": r.iteration,
+                "node_id": self.node_ids[r.node],
+                "updated_at": max(r.updated_at, t) if r.alive else r.updated_at,
+            }
         row = s.get(Job, self.job_ids[st["job"]])
         if row is not None:
             row.last_step = st["step"] if row.last_step is None else max(row.last_step, st["step"])
-            if (st["attempt"], st["iteration"]) > (row.attempt, row.iteration):
-                row.attempt, row.iteration = st["attempt"], st["iteration"]
             row.last_seen = max(row.last_seen, t)
