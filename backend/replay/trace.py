@@ -44,7 +44,8 @@ from trainguard.backend.models.control import IncidentEvidence
 from trainguard.backend.replay import gpuspans
 
 FORMAT = "trainguard-trace"
-# 2: GPU readings as spans (`gpu_span`, gpuspans.py) and the header's `exported_at`.
+# 2: GPU readings as spans (`gpu_span`, gpuspans.py), the header's `exported_at`, a
+# batch's `going_away`.
 VERSION = 2
 KINDS = (
     "node",
@@ -165,8 +166,8 @@ def export(
                 "restart_count": r.restart_count,
             }
         )
-    for nid, at in session.execute(
-        select(IngestBatch.node_id, IngestBatch.received_at)
+    for nid, at, away in session.execute(
+        select(IngestBatch.node_id, IngestBatch.received_at, IngestBatch.going_away)
         .where(
             IngestBatch.node_id.in_(nodes),
             IngestBatch.received_at >= since - WARMUP_S,
@@ -175,6 +176,8 @@ def export(
         .order_by(IngestBatch.received_at)
     ):
         tr["batch"].append({"node": nodes[nid].name, "received_at": at})
+        if away is not None:  # an agent's goodbye before a graceful stop
+            tr["batch"][-1]["going_away"] = away
     names = {j.name for j in jobs.values()}
     ev_q = select(Event).where(
         Event.received_at >= since - WARMUP_S,

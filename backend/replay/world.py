@@ -23,8 +23,9 @@ from sqlalchemy.orm import Session
 
 from trainguard.backend.cluster.schemas import BackendEventKind
 from trainguard.backend.engine.evidence import EVIDENCE_KINDS
-from trainguard.backend.models import Event, Gpu, Job, Node, NodeCordon, Rank, Step
+from trainguard.backend.models import Event, Job, Node, Rank, Step
 from trainguard.backend.replay.gpuspans import Spans
+from trainguard.backend.replay.seed import seed
 from trainguard.backend.replay.trace import Trace
 
 # At one instant: a node's batch, then its events (in id order), then its steps.
@@ -81,8 +82,11 @@ class World:
 
     def _build(self) -> None:
         beats: dict[str, list[float]] = {}
+        goodbye: dict[tuple[str, float], str] = {}
         for b in self.trace["batch"]:
             beats.setdefault(b["node"], []).append(b["received_at"])
+            if b.get("going_away"):
+                goodbye[(b["node"], b["received_at"])] = b["going_away"]
         for e in self.trace["event"]:
             if e["node"] is not None and e["kind"] not in ENGINE_MADE:
                 beats.setdefault(e["node"], []).append(e["received_at"])
@@ -90,7 +94,9 @@ class World:
             times.sort()
         items: list[tuple[float, int, int, dict[str, Any]]] = []
         for node, times in beats.items():
-            items.extend((t, _BATCH, 0, {"node": node}) for t in times)
+            items.extend(
+                (t, _BATCH, 0, {"node": node, "going_away": goodbye.get((node, t))}) for t in times
+            )
         items.extend(
             (e["received_at"], _EVENT, e["id"], e)
             for e in self.trace["event"]
@@ -130,69 +136,13 @@ class World:
 
     def seed(self, s: Session) -> None:
         """Nodes, GPUs and jobs as first seen, and the cordons in force at the start."""
-        tr = self.trace
-        first = tr.since
-        s.execute(
-            insert(Node),
-            [
-                {
-                    "id": self.node_ids[n["name"]],
-                    "name": n["name"],
-                    "simulated": bool(n.get("simulated")),
-                    "cordoned": False,
-                    "first_seen": n["first_seen"],
-                    "last_seen": min(n["first_seen"], first),
-                    "clock_offset_s": n.get("clock_offset_s"),
-                }
-                for n in tr["node"]
-            ],
-        ) if tr["node"] else None
-        if tr["gpu"]:
-            s.execute(
-                insert(Gpu),
-                [
-                    {"node_id": self.node_ids[g["node"]], "uuid": g["uuid"], "index": g["index"]}
-                    for g in tr["gpu"]
-                    if g["node"] in self.node_ids
-                ],
-            )
-        if tr["job"]:
-            s.execute(
-                insert(Job),
-                [
-                    {
-                        "id": self.job_ids[j["name"]],
-                        "name": j["name"],
-                        "first_seen": j["first_seen"],
-                        "last_seen": j["first_seen"],
-                        "world_size": j.get("world_size") or 1,
-                        "display_name": j.get("display_name"),
-                        "attempt": 0,
-                        "iteration": 0,
-                        "state": "running",
-                        "state_since": j["first_seen"],
-                    }
-                    for j in tr["job"]
-                ],
-            )
-        for c in tr["cordon"]:
-            node = c["node"]
-            if node in self.node_ids and c["at"] < tr.since and c["released_at"] is None:
-                s.execute(update(Node).where(Node.id == self.node_ids[node]).values(cordoned=True))
-                s.add(
-                    NodeCordon(
-                        node_id=self.node_ids[node],
-                        at=c["at"],
-                        by=c["by"],
-                        reason="cordoned before the replayed period",
-                    )
-                )
-        s.flush()
+        seed(s, self.trace, self.node_ids, self.job_ids)
 
     def advance(self, s: Session, until: float) -> list[int]:
         """Apply what happened up to `until`; returns the ids of the events stored."""
         stored: list[int] = []
         beats: dict[str, float] = {}
+        away: dict[str, str | None] = {}  # its last batch's goodbye (any batch clears it)
         while self.pos < len(self.items) and self.items[self.pos][0] <= until:
             t, kind, _, rec = self.items[self.pos]
             self.pos += 1
@@ -200,6 +150,7 @@ class World:
                 self._flush(s)
             if kind == _BATCH:
                 beats[rec["node"]] = self.last_beat[rec["node"]] = t
+                away[rec["node"]] = rec["going_away"]
                 self._heard(s, rec["node"], t)
             elif kind == _JOB:
                 for job, rank in self.final:
@@ -213,7 +164,11 @@ class World:
         self._flush(s)
         self.spans.advance(s, until)
         for node, t in sorted(beats.items(), key=lambda b: b[1]):
-            s.execute(update(Node).where(Node.id == self.node_ids[node]).values(last_seen=t))
+            s.execute(
+                update(Node)
+                .where(Node.id == self.node_ids[node])
+                .values(last_seen=t, going_away=away[node])
+            )
             self._generation(s, node)
         return stored
 

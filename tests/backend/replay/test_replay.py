@@ -308,3 +308,33 @@ def test_a_version_1_trace_is_still_read(make_cluster: Any, tmp_path: Path) -> N
     back = trace.load(path)
     assert (back.version, back.exported_at, back["gpu_span"]) == (1, None, [])
     assert _replay(back, tmp=tmp_path / "r")["self_check"]["exact"] is True
+
+
+def test_an_agent_that_said_goodbye_is_replayed_as_gone_not_as_a_node_down(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """A silence after the agent's goodbye (a graceful stop) is no evidence: the trace
+    keeps the batch's `going_away`, so the replay does not take the silence (its job
+    stalled meanwhile) for a dead node."""
+    down_after = 20.0
+    c = make_cluster(fresh=down_after, node_down_after_s=down_after)
+    start = c.clock.t
+    c.job("job", {"n1": (0,), "n2": (1,)})
+    c.decide()
+    c.post("n1", going_away="SIGTERM: the agent is stopping")
+    c.event("n2", "log", job="job", message="n1's agent stops")
+    for _ in range(int(2 * down_after)):  # n2 reports its rank, no step: the job stalled
+        c.clock.advance(1)
+        c.post("n2", ranks=[wire.RankStatus(job="job", rank=1, pid=1001, world_size=2)])
+        c.decide()
+    assert c.incidents() == []
+    tr = _export(c, start)
+    assert [b.get("going_away") for b in tr["batch"] if b["node"] == "n1"][-1]
+    policy = load_policy(None)
+    kw: dict[str, Any] = {"limits": LIMITS, "fresh_within_s": down_after}
+    out = service.replay(tr, policy, None, folder=tmp_path, **kw)
+    assert out["self_check"] == {"incidents": 0, "mismatches": 0, "exact": True}
+    for b in tr["batch"]:  # a record without the goodbye: the silence is a node down
+        b.pop("going_away", None)
+    out = service.replay(tr, policy, None, folder=tmp_path / "without", **kw)
+    assert [(r["cause"], r["recorded"]) for r in out["incidents"]] == [("node_down", None)]
