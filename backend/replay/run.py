@@ -3,7 +3,8 @@ incident transitions as the live one) over a trace, on a scratch database, with 
 virtual clock (docs/replay.md).
 
 - The clock steps as the live engine's cycles do: one when evidence is received (the
-  live one is woken by the ingest commit), else `sweep_s` after the last. What is
+  live one is woken by the ingest commit), else `sweep_s` after the last, or, while
+  nothing can change by the clock alone (calm.py), at the next deadline. What is
   received in between (the recorded world, world.World: batches, steps, events; the
   acks) is stored at its own instant, between two cycles, as ingest and the ack route
   store it beside the engine.
@@ -34,6 +35,7 @@ from trainguard.backend.models import Command, Event, Incident, Job, Node, NodeC
 from trainguard.backend.models.control import EngineState
 from trainguard.backend.replay import scratch
 from trainguard.backend.replay.ackmodel import AckModel
+from trainguard.backend.replay.calm import calm_until
 from trainguard.backend.replay.trace import Trace
 from trainguard.backend.replay.world import World
 from trainguard.protocol import wire
@@ -151,11 +153,14 @@ def _drive(
     stop = _stop(trace, world)
     n = 0
     last_cycle = clock.t
+    calm: float | None = None
     while True:
         # As the live engine: a cycle when evidence is stored (ingest wakes it), else
         # `sweep_s` after the last one; what the agents send in between (batches, steps,
         # acks) is stored at its own instant and read at the next cycle.
         t = last_cycle + sweep_s
+        if calm is not None and calm > t:
+            t = calm  # nothing can change before (calm.py); evidence still wakes a cycle
         woken = world.next_evidence_at()
         if woken is not None and woken < t:
             t = max(woken, last_cycle)
@@ -177,6 +182,10 @@ def _drive(
             for at, ack in model.acks(sessions, cmd, node):
                 n += 1
                 heapq.heappush(due, (max(at, clock.t), n, cmd.id, node, ack))
+        calm = None
+        if not due and eng._hook_results.empty():
+            with sessions() as s:
+                calm = calm_until(s, clock.t, policy, fresh_within_s)
     eng.stop(timeout=0)
     incs, cordons = _collect(sessions)
     # The period's decisions, as the export reads the record's: the tail only lets what

@@ -23,13 +23,16 @@ from sqlalchemy.orm import Session
 
 from trainguard.backend.cluster.schemas import BackendEventKind
 from trainguard.backend.engine.evidence import EVIDENCE_KINDS
+from trainguard.backend.ingest.training_rows import UNLISTED_S
 from trainguard.backend.models import Event, Job, Node, Rank, Step
 from trainguard.backend.replay.gpuspans import Spans
 from trainguard.backend.replay.seed import seed
 from trainguard.backend.replay.trace import Trace
 
-# At one instant: a node's batch, then its events (in id order), then its steps.
-_BATCH, _JOB, _EVENT, _STEP = 0, 1, 2, 3
+# At one instant: a job's first listing, the batch's events (in id order), its rank
+# table (the agent listing its ranks: an agent that restarted lists those that said hello
+# to it, in the same batch), then its steps.
+_JOB, _EVENT, _BATCH, _STEP = 0, 1, 2, 3
 # Events the engine itself writes (an agent's silence judged, a shadow rule's verdict):
 # the record's conclusions, not its inputs; the replay's engine writes its own.
 ENGINE_MADE = frozenset(get_args(BackendEventKind))
@@ -49,6 +52,7 @@ class _Rank:
     updated_at: float
     last_step: int | None
     pid_known: bool = False  # from a rank_start: an exit naming another pid is older
+    epoch: int = 0  # registered with its node's agent of this epoch (World.epochs)
 
 
 class World:
@@ -73,6 +77,7 @@ class World:
         self.items: list[tuple[float, int, int, dict[str, Any]]] = []
         self.pos = 0
         self.last_beat: dict[str, float] = {}  # each node's last batch applied
+        self.epochs: dict[str, int] = {}  # each node's agent starts (agent_start events)
         self.spans = Spans(trace["gpu_span"])
         self._steps: list[dict[str, Any]] = []  # applied, not yet written (_flush)
         self._ranks_stepped: dict[int, dict[str, Any]] = {}
@@ -179,7 +184,7 @@ class World:
         apart)."""
         gens: dict[str, tuple[int, int]] = {}
         for (job, _), r in self.ranks.items():
-            if r.node == node:
+            if self._listed(r, node):
                 a, i = gens.get(job, (0, 0))
                 gens[job] = (max(a, r.attempt), max(i, r.iteration))
         for job, (attempt, iteration) in gens.items():
@@ -222,6 +227,7 @@ class World:
         }
         rid = s.execute(insert(Rank).returning(Rank.id), [row]).scalar_one()
         r = self.ranks[key] = _Rank(rid, fin["node"], first or fin["pid"], 0, 0, True, t, None)
+        r.epoch = self.epochs.get(fin["node"], 0)
         return r
 
     def _restart_count(self, job: str, fin: dict[str, Any], attempt: int) -> int | None:
@@ -230,9 +236,27 @@ class World:
             return None
         return max(0, count - max(0, (fin.get("attempt") or 0) - attempt))
 
+    def _listed(self, r: _Rank, node: str) -> bool:
+        """Whether the node's agent lists the rank: one of its ranks registered with the
+        agent running now (an agent restarted knows only the ranks that said hello to it
+        since: its `rank_start`)."""
+        return r.node == node and r.epoch == self.epochs.get(node, 0)
+
     def _heard(self, s: Session, node: str, t: float) -> None:
-        """A batch of the node: its live ranks (and their jobs) are listed again."""
-        ids = [r.id for r in self.ranks.values() if r.node == node and r.alive]
+        """A batch of the node: its live ranks (and their jobs) are listed again. A rank
+        held alive that its agent has not listed for UNLISTED_S ended unseen (its agent
+        was down, or restarted and never heard from it again), as ingest marks it."""
+        gone = [
+            r
+            for r in self.ranks.values()
+            if r.node == node and r.alive and not self._listed(r, node)
+            if r.updated_at < t - UNLISTED_S
+        ]
+        for r in gone:
+            r.alive = False
+        if gone:
+            s.execute(update(Rank).where(Rank.id.in_([r.id for r in gone])).values(alive=False))
+        ids = [r.id for r in self.ranks.values() if self._listed(r, node) and r.alive]
         if ids:
             s.execute(update(Rank).where(Rank.id.in_(ids)).values(updated_at=t))
             jobs = {self.job_ids[k[0]] for k, r in self.ranks.items() if r.id in ids}
@@ -260,6 +284,8 @@ class World:
                 }
             ],
         )
+        if e["kind"] == "agent_start" and e["node"] is not None:
+            self.epochs[e["node"]] = self.epochs.get(e["node"], 0) + 1
         if e["job"] is None or e["rank"] is None or e["kind"] not in ("rank_start", "rank_exit"):
             return
         r = self._rank(s, e["job"], e["rank"], t)
@@ -276,6 +302,7 @@ class World:
             r.iteration = data.get("iteration", r.iteration) or 0
             if e["node"] in self.node_ids:
                 r.node = e["node"]
+                r.epoch = self.epochs.get(e["node"], 0)
                 vals["node_id"] = self.node_ids[e["node"]]
             vals.update(
                 alive=True,
