@@ -15,7 +15,6 @@ and each event it sent; a step is seen with its node's first batch after the ste
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 from typing import Any, get_args
 
 from sqlalchemy import insert, update
@@ -24,10 +23,11 @@ from sqlalchemy.orm import Session
 from trainguard.backend.cluster.schemas import BackendEventKind
 from trainguard.backend.engine.evidence import EVIDENCE_KINDS
 from trainguard.backend.ingest.training_rows import UNLISTED_S
-from trainguard.backend.models import Event, Job, Node, Rank, Step
+from trainguard.backend.models import Event, Node, Rank, Step
 from trainguard.backend.replay.gpuspans import Spans
 from trainguard.backend.replay.seed import seed
 from trainguard.backend.replay.trace import Trace
+from trainguard.backend.replay.worldrows import RankState, write_jobs, write_ranks
 
 # At one instant: a job's first listing, the batch's events (in id order), its rank
 # table (the agent listing its ranks: an agent that restarted lists those that said hello
@@ -41,20 +41,6 @@ ENGINE_MADE = frozenset(get_args(BackendEventKind))
 MAX_OFFSET_S = 10.0
 
 
-@dataclass
-class _Rank:
-    id: int
-    node: str
-    pid: int
-    attempt: int
-    iteration: int
-    alive: bool
-    updated_at: float
-    last_step: int | None
-    pid_known: bool = False  # from a rank_start: an exit naming another pid is older
-    epoch: int = 0  # registered with its node's agent of this epoch (World.epochs)
-
-
 class World:
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
@@ -66,7 +52,7 @@ class World:
         }
         self.final = {(r["job"], r["rank"]): r for r in trace["rank"]}
         self.final_attempt = {j["name"]: j.get("attempt") or 0 for j in trace["job"]}
-        self.ranks: dict[tuple[str, int], _Rank] = {}
+        self.ranks: dict[tuple[str, int], RankState] = {}
         # A rank's pid before its first rank_start: the one its first exit names.
         self._first_pid: dict[tuple[str, int], int] = {}
         for e in trace["event"]:
@@ -80,7 +66,17 @@ class World:
         self.epochs: dict[str, int] = {}  # each node's agent starts (agent_start events)
         self.spans = Spans(trace["gpu_span"])
         self._steps: list[dict[str, Any]] = []  # applied, not yet written (_flush)
-        self._ranks_stepped: dict[int, dict[str, Any]] = {}
+        self._dirty: dict[int, RankState] = {}
+        self.jobs = {
+            j["name"]: {
+                "last_seen": j["first_seen"],
+                "last_step": None,
+                "attempt": 0,
+                "iteration": 0,
+            }
+            for j in trace["job"]
+        }
+        self._dirty_jobs: set[str] = set()
         self._build()
 
     # --- the timeline ---------------------------------------------------------------------
@@ -151,8 +147,6 @@ class World:
         while self.pos < len(self.items) and self.items[self.pos][0] <= until:
             t, kind, _, rec = self.items[self.pos]
             self.pos += 1
-            if kind != _STEP:
-                self._flush(s)
             if kind == _BATCH:
                 beats[rec["node"]] = self.last_beat[rec["node"]] = t
                 away[rec["node"]] = rec["going_away"]
@@ -166,8 +160,6 @@ class World:
                 stored.append(rec["id"])
             else:
                 self._step(s, rec, t)
-        self._flush(s)
-        self.spans.advance(s, until)
         for node, t in sorted(beats.items(), key=lambda b: b[1]):
             s.execute(
                 update(Node)
@@ -175,6 +167,8 @@ class World:
                 .values(last_seen=t, going_away=away[node])
             )
             self._generation(s, node)
+        self._flush(s)
+        self.spans.advance(s, until)
         return stored
 
     def _generation(self, s: Session, node: str) -> None:
@@ -188,9 +182,7 @@ class World:
                 a, i = gens.get(job, (0, 0))
                 gens[job] = (max(a, r.attempt), max(i, r.iteration))
         for job, (attempt, iteration) in gens.items():
-            row = s.get(Job, self.job_ids[job])
-            if row is not None:
-                row.attempt, row.iteration = attempt, iteration
+            self._job(job).update(attempt=attempt, iteration=iteration)
 
     def report_on(self, s: Session, t: float, fresh_s: float) -> None:
         """Past the period's end the world is unknown: a node whose agent reported within
@@ -201,8 +193,9 @@ class World:
             if last >= until - fresh_s and t > until:
                 self._heard(s, node, t)
                 s.execute(update(Node).where(Node.id == self.node_ids[node]).values(last_seen=t))
+        self._flush(s)
 
-    def _rank(self, s: Session, job: str, rank: int, t: float) -> _Rank | None:
+    def _rank(self, s: Session, job: str, rank: int, t: float) -> RankState | None:
         key = (job, rank)
         if key in self.ranks:
             return self.ranks[key]
@@ -226,7 +219,7 @@ class World:
             "restart_count": self._restart_count(job, fin, 0),
         }
         rid = s.execute(insert(Rank).returning(Rank.id), [row]).scalar_one()
-        r = self.ranks[key] = _Rank(rid, fin["node"], first or fin["pid"], 0, 0, True, t, None)
+        r = self.ranks[key] = RankState(rid, fin["node"], first or fin["pid"], 0, 0, True, t, None)
         r.epoch = self.epochs.get(fin["node"], 0)
         return r
 
@@ -236,7 +229,7 @@ class World:
             return None
         return max(0, count - max(0, (fin.get("attempt") or 0) - attempt))
 
-    def _listed(self, r: _Rank, node: str) -> bool:
+    def _listed(self, r: RankState, node: str) -> bool:
         """Whether the node's agent lists the rank: one of its ranks registered with the
         agent running now (an agent restarted knows only the ranks that said hello to it
         since: its `rank_start`)."""
@@ -254,16 +247,12 @@ class World:
         ]
         for r in gone:
             r.alive = False
-        if gone:
-            s.execute(update(Rank).where(Rank.id.in_([r.id for r in gone])).values(alive=False))
-        ids = [r.id for r in self.ranks.values() if self._listed(r, node) and r.alive]
-        if ids:
-            s.execute(update(Rank).where(Rank.id.in_(ids)).values(updated_at=t))
-            jobs = {self.job_ids[k[0]] for k, r in self.ranks.items() if r.id in ids}
-            s.execute(update(Job).where(Job.id.in_(jobs)).values(last_seen=t))
-            for r in self.ranks.values():
-                if r.id in ids:
-                    r.updated_at = t
+            self._dirty[r.id] = r
+        for (job, _), r in self.ranks.items():
+            if r.alive and self._listed(r, node):
+                r.updated_at = t
+                self._dirty[r.id] = r
+                self._job(job)["last_seen"] = t
 
     def _event(self, s: Session, e: dict[str, Any]) -> None:
         t = e["received_at"]
@@ -314,9 +303,8 @@ class World:
             for k in ("in_process", "launcher", "local_rank"):
                 if data.get(k) is not None:
                     vals[k] = data[k]
-            row = s.get(Job, self.job_ids[e["job"]])
-            if row is not None:
-                row.last_seen = max(row.last_seen, t)
+            row = self._job(e["job"])
+            row["last_seen"] = max(row["last_seen"], t)
         else:
             pid = data.get("pid")
             if pid is not None and r.pid_known and pid != r.pid:
@@ -326,16 +314,23 @@ class World:
         r.updated_at = t
         s.execute(update(Rank).where(Rank.id == r.id).values(**vals))
 
+    def _job(self, name: str) -> dict[str, Any]:
+        """The job's row as the world has it (written at the end of `advance`)."""
+        self._dirty_jobs.add(name)
+        return self.jobs[name]
+
     def _flush(self, s: Session) -> None:
-        """Write the steps applied since the last flush, and their ranks' rows, at once
-        (before anything else of the world is applied: the order of the writes is the
-        record's)."""
+        """Write what `advance` applied: the steps, and the ranks' and jobs' rows as they
+        now are, each in one statement."""
         if self._steps:
             s.execute(insert(Step), self._steps)
             self._steps = []
-        for rid, vals in self._ranks_stepped.items():
-            s.execute(update(Rank).where(Rank.id == rid).values(**vals))
-        self._ranks_stepped = {}
+        if self._dirty:
+            write_ranks(s, self._dirty.values(), self.node_ids)
+            self._dirty = {}
+        if self._dirty_jobs:
+            write_jobs(s, {n: self.jobs[n] for n in self._dirty_jobs}, self.job_ids)
+            self._dirty_jobs = set()
 
     def _step(self, s: Session, st: dict[str, Any], t: float) -> None:
         if st["job"] not in self.job_ids or st["node"] not in self.node_ids:
@@ -361,14 +356,10 @@ class World:
             r.last_step = st["step"] if r.last_step is None else max(r.last_step, st["step"])
             if st["node"] != r.node:
                 r.node = st["node"]
-            self._ranks_stepped[r.id] = {
-                "last_step": r.last_step,
-                "attempt": r.attempt,
-                "iteration": r.iteration,
-                "node_id": self.node_ids[r.node],
-                "updated_at": max(r.updated_at, t) if r.alive else r.updated_at,
-            }
-        row = s.get(Job, self.job_ids[st["job"]])
-        if row is not None:
-            row.last_step = st["step"] if row.last_step is None else max(row.last_step, st["step"])
-            row.last_seen = max(row.last_seen, t)
+            if r.alive:
+                r.updated_at = max(r.updated_at, t)
+            self._dirty[r.id] = r
+        row = self._job(st["job"])
+        last = row["last_step"]
+        row["last_step"] = st["step"] if last is None else max(last, st["step"])
+        row["last_seen"] = max(row["last_seen"], t)
