@@ -9,9 +9,7 @@ from trainguard.backend.bench.replay import run, synthesize
 def test_the_synthetic_period_is_one_incident_per_fault() -> None:
     tr = synthesize(12, 3, 60.0, seed=7)
     assert len({e["id"] for e in tr["event"]}) == len(tr["event"])
-    assert sorted(e["received_at"] for e in tr["event"]) == [
-        e["received_at"] for e in tr["event"]
-    ]
+    assert sorted(e["received_at"] for e in tr["event"]) == [e["received_at"] for e in tr["event"]]
     faults = [e for e in tr["event"] if e["kind"] != "rank_start"]
     assert len(faults) == 12
     out = run(12, 3, 60.0, seed=7)
