@@ -45,7 +45,7 @@ from trainguard.backend.replay import gpuspans
 
 FORMAT = "trainguard-trace"
 # 2: GPU readings as spans (`gpu_span`, gpuspans.py), the header's `exported_at`, a
-# batch's `going_away`.
+# batch's `going_away`, an ack's `received_at`.
 VERSION = 2
 KINDS = (
     "node",
@@ -296,7 +296,13 @@ def _export_decisions(
         select(CommandAck).where(CommandAck.command_id.in_([c.id for c in cmds]))
     ):
         tr["ack"].append(
-            {"command": a.command_id, "phase": a.phase, "ts": a.ts, "detail": a.detail}
+            {
+                "command": a.command_id,
+                "phase": a.phase,
+                "ts": a.ts,
+                "received_at": a.received_at,
+                "detail": a.detail,
+            }
         )
     for nc in session.scalars(
         select(NodeCordon)

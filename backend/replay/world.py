@@ -275,12 +275,22 @@ class World:
         )
         if e["kind"] == "agent_start" and e["node"] is not None:
             self.epochs[e["node"]] = self.epochs.get(e["node"], 0) + 1
-        if e["job"] is None or e["rank"] is None or e["kind"] not in ("rank_start", "rank_exit"):
+        if e["job"] is None or e["rank"] is None:
+            return
+        data = e["data"] or {}
+        if e["kind"] == "restart" and data.get("level") == "in_process":
+            # The agent's record of the rank moves to its new iteration when the rank
+            # says it entered it (before its first step there).
+            known = self.ranks.get((e["job"], e["rank"]))
+            if known is not None and isinstance(data.get("iteration"), int):
+                known.iteration = max(known.iteration, data["iteration"])
+                self._dirty[known.id] = known
+            return
+        if e["kind"] not in ("rank_start", "rank_exit"):
             return
         r = self._rank(s, e["job"], e["rank"], t)
         if r is None:
             return
-        data = e["data"] or {}
         fin = self.final[(e["job"], e["rank"])]
         vals: dict[str, Any] = {"updated_at": t}
         if e["kind"] == "rank_start":
