@@ -105,10 +105,10 @@ def _array_literal(values: Sequence[Any]) -> str:
 # PostgreSQL: the group's batch keys and node updates as one statement each, arrays in
 # (the same text every time, so psycopg parses it once; SQLAlchemy's insertmanyvalues and
 # executemany rebuild a statement or a parameter set per group or per row).
-_BATCH_KEY_COLUMNS = ("node_id", "agent_id", "seq", "received_at", "samples")
+_BATCH_KEY_COLUMNS = ("node_id", "agent_id", "seq", "received_at", "samples", "going_away")
 _PG_INSERT_BATCH_KEYS = f"""
 INSERT INTO ingest_batches ({", ".join(_BATCH_KEY_COLUMNS)})
-SELECT * FROM unnest(%s::int4[], %s::text[], %s::int8[], %s::float8[], %s::int4[])
+SELECT * FROM unnest(%s::int4[], %s::text[], %s::int8[], %s::float8[], %s::int4[], %s::text[])
 ON CONFLICT DO NOTHING
 RETURNING node_id, agent_id, seq
 """
@@ -234,6 +234,7 @@ class BulkStatements(TrainingStatements):
                 "seq": key[2],
                 "received_at": it.received_at,
                 "samples": len(it.batch.samples),
+                "going_away": it.batch.going_away,
             }
             for key, it in first.items()
         ]

@@ -9,15 +9,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
+from trainguard.backend.jobs.service import UNLISTED_S
 from trainguard.backend.models import Event, Job, NodeLauncher, Rank, Step
 from trainguard.protocol import wire
 
 if TYPE_CHECKING:
     from trainguard.backend.ingest.statements import _Item
-
-
-# A rank its node's agent has not listed for this long is gone (_unlisted_ranks).
-UNLISTED_S = 30.0
 
 
 def _timeouts(value: wire.Timeouts | None) -> dict[str, Any] | None:

@@ -11,6 +11,10 @@ from sqlalchemy.orm import Session
 from trainguard.backend.errors import NotFound
 from trainguard.backend.models import JOB_ENDED, Incident, Job, Node, Rank, Step
 
+# A rank its node's agent has not listed for this long is gone (the ingest's
+# _unlisted_ranks; the replay ends such ranks the same way).
+UNLISTED_S = 30.0
+
 
 def set_job_state(
     job: Job, state: str, now: float, reason: str = "", ended: float | None = None

@@ -297,3 +297,5 @@ class IngestBatch(Base):
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     received_at: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer, default=0)
+    # The agent's goodbye (wire.Batch.going_away), kept per batch for the policy replay.
+    going_away: Mapped[str | None] = mapped_column(Text)

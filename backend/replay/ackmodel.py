@@ -33,6 +33,7 @@ DEFAULT_DELAYS: dict[str, dict[str, float]] = {
     "stop_job": {"delivered": 0.05, "torn_down": 1.0},
 }
 DEFAULT_DELAYS["reset_gpu"] = DEFAULT_DELAYS["launcher"]
+_Acked = tuple[str, float, str, float]
 # Two acks of one instant go in the order a command passes its phases.
 _ORDER = {p: i for i, p in enumerate(get_args(wire.Phase))}
 
@@ -43,7 +44,8 @@ class AckModel:
         by_cmd: dict[str, list[dict[str, Any]]] = {}
         for a in trace["ack"]:
             by_cmd.setdefault(a["command"], []).append(a)
-        self.recorded: dict[tuple[str, float, str, str], list[list[tuple[str, float, str]]]] = {}
+        # (phase, ts - issued, detail, received - issued) of each recorded ack
+        self.recorded: dict[tuple[str, float, str, str], list[list[_Acked]]] = {}
         delays: dict[tuple[str, str], list[float]] = {}
         phase_sets: dict[str, Counter[tuple[str, ...]]] = {}
         for c in sorted(trace["command"], key=lambda c: (c["issued_at"], c["id"])):
@@ -51,14 +53,22 @@ class AckModel:
             got = sorted(
                 by_cmd.get(c["id"], []), key=lambda a: (a["ts"], _ORDER.get(a["phase"], 9))
             )
-            acks = [(a["phase"], a["ts"] - c["issued_at"], a["detail"] or "") for a in got]
+            acks = [
+                (
+                    a["phase"],
+                    a["ts"] - c["issued_at"],
+                    a["detail"] or "",
+                    (a.get("received_at") or a["ts"]) - c["issued_at"],
+                )
+                for a in got
+            ]
             if inc is not None:
                 key = (inc["job"], inc["fault_at"] or 0.0, c["action"], c["node"])
                 self.recorded.setdefault(key, []).append(acks)
-            for phase, delay, _ in acks:
+            for phase, delay, _, _ in acks:
                 if phase != "failed":
                     delays.setdefault((c["action"], phase), []).append(delay)
-            phase_sets.setdefault(c["action"], Counter())[tuple(p for p, _, _ in acks)] += 1
+            phase_sets.setdefault(c["action"], Counter())[tuple(a[0] for a in acks)] += 1
         self.medians = {k: statistics.median(v) for k, v in delays.items()}
         self.samples = {k: len(v) for k, v in delays.items()}
         self.phases = {a: c.most_common(1)[0][0] for a, c in phase_sets.items()}
@@ -80,20 +90,22 @@ class AckModel:
         else:
             self.modelled += 1
             plan = self._modelled(cmd.action)
+        # Received when the record received it (an ack's own time is its agent's clock,
+        # and it reaches the backend later: an incident resumes at its receipt).
         return [
-            (cmd.issued_at + delay, _ack(phase, cmd.issued_at + delay, node, detail))
-            for phase, delay, detail in plan
+            (cmd.issued_at + received, _ack(phase, cmd.issued_at + delay, node, detail))
+            for phase, delay, detail, received in plan
         ]
 
-    def _modelled(self, action: str) -> list[tuple[str, float, str]]:
+    def _modelled(self, action: str) -> list[_Acked]:
         phases = self.phases.get(action)
         if phases:
             return [
-                (p, self.medians.get((action, p), 0.0), "")
+                (p, d, "", d)
                 for p in phases
-                if p != "failed" and (action, p) in self.medians
+                if p != "failed" and (d := self.medians.get((action, p))) is not None
             ]
-        return [(p, d, "") for p, d in DEFAULT_DELAYS.get(action, {}).items()]
+        return [(p, d, "", d) for p, d in DEFAULT_DELAYS.get(action, {}).items()]
 
 
 def _ack(phase: str, ts: float, node: str, detail: str) -> wire.Ack:

@@ -2,12 +2,12 @@
 incident transitions as the live one) over a trace, on a scratch database, with a
 virtual clock (docs/replay.md).
 
-- The clock steps through the recorded world (world.World): at each instant something
-  was received, the world is applied and, if evidence came, the engine runs a cycle
-  (the live one is woken by the ingest commit); between them it sweeps every
-  `sweep_s` while anything is under way (an open incident, an ack due, evidence in the
-  last IDLE_S), else every IDLE_TICK_S (an incident pending an operator waits for no
-  clock).
+- The clock steps as the live engine's cycles do: one when evidence is received (the
+  live one is woken by the ingest commit), else `sweep_s` after the last, or, while
+  nothing can change by the clock alone (calm.py), at the next deadline. What is
+  received in between (the recorded world, world.World: batches, steps, events; the
+  acks) is stored at its own instant, between two cycles, as ingest and the ack route
+  store it beside the engine.
 - No command reaches an agent: there is none. The commands the replay issues are acked
   by the ack model (acks.AckModel) through the real ack path (incidents.acks).
 - No hook runs: a hook's result is the one recorded for the same incident, else a
@@ -27,7 +27,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from trainguard.backend.engine.actions import HookJob
 from trainguard.backend.engine.engine import CURSOR, DecisionEngine
-from trainguard.backend.engine.evidence import EVIDENCE_KINDS
 from trainguard.backend.engine.leader import SingleProcessLeadership
 from trainguard.backend.engine.policy import Policy
 from trainguard.backend.hooks import HookResult
@@ -36,14 +35,14 @@ from trainguard.backend.models import Command, Event, Incident, Job, Node, NodeC
 from trainguard.backend.models.control import EngineState
 from trainguard.backend.replay import scratch
 from trainguard.backend.replay.ackmodel import AckModel
+from trainguard.backend.replay.calm import calm_until
 from trainguard.backend.replay.trace import Trace
 from trainguard.backend.replay.world import World
 from trainguard.protocol import wire
 
-IDLE_S = 30.0
-IDLE_TICK_S = 5.0
-# After the last recorded instant the clock runs on this long, so that what was under
-# way (a cooldown, an ack, a resumption) ends as it would have.
+# The record's decisions are read when it is exported: the clock runs on past the period
+# to that instant (at most this long; this long for a trace that does not say when), so
+# that what was under way at the end (a cooldown, an ack, a resumption) goes as far.
 TAIL_S = 300.0
 
 
@@ -165,57 +164,83 @@ def _drive(
     eng.run_once()
     eng._leading_since = trace.since - fresh_within_s - 1.0
     due: list[tuple[float, int, str, str, wire.Ack]] = []
-    seen_cmds: set[str] = set()
+    cmds = _Commands()
     out = Outcome(policy=policy.source)
-    last_evidence = trace.since
-    kinds = {e["id"]: e["kind"] for e in trace["event"]}
-    stop = max(world.end, trace.since) + TAIL_S
+    stop = _stop(trace, world)
     n = 0
-    while clock.t <= stop:
-        nxt = world.next_at()
-        busy = _busy(sessions) or bool(due) or clock.t - last_evidence < IDLE_S
-        tick = clock.t + (sweep_s if busy else IDLE_TICK_S)
-        candidates = [tick] + ([nxt] if nxt is not None else []) + ([due[0][0]] if due else [])
-        t = min(candidates)
+    last_cycle = clock.t
+    calm: float | None = None
+    while True:
+        # As the live engine: a cycle when evidence is stored (ingest wakes it), else
+        # `sweep_s` after the last one; what the agents send in between (batches, steps,
+        # acks) is stored at its own instant and read at the next cycle.
+        t = last_cycle + sweep_s
+        if calm is not None and calm > t:
+            t = calm  # nothing can change before (calm.py); evidence still wakes a cycle
+        woken = world.next_evidence_at()
+        if woken is not None and woken < t:
+            t = max(woken, last_cycle)
         if t > stop:
             break
-        clock.t = max(t, clock.t)
         with sessions() as s, s.begin():
-            ids = world.advance(s, clock.t)
-            while due and due[0][0] <= clock.t:
-                _, _, cid, _, ack = heapq.heappop(due)
-                acks.record_ack(s, cid, ack, now=clock.t)
+            while due and due[0][0] <= t:
+                at, _, cid, _, ack = heapq.heappop(due)
+                world.advance(s, at)
+                acks.record_ack(s, cid, ack, now=at)
                 out.acks += 1
-        if any(kinds[i] in EVIDENCE_KINDS for i in ids):
-            last_evidence = clock.t
+            world.advance(s, t)
+            if t > trace.until:
+                world.report_on(s, t, fresh_within_s)
+        clock.t = last_cycle = t
         eng.run_once()
         out.cycles += 1
-        for cmd, node in _new_commands(sessions, seen_cmds):
+        for cmd, node in cmds.new(sessions):
             for at, ack in model.acks(sessions, cmd, node):
                 n += 1
                 heapq.heappush(due, (max(at, clock.t), n, cmd.id, node, ack))
+        calm = None
+        if not due and eng._hook_results.empty():
+            with sessions() as s:
+                calm = calm_until(s, clock.t, policy, fresh_within_s)
     eng.stop(timeout=0)
-    out.incidents, out.cordons = _collect(sessions)
+    incs, cordons = _collect(sessions)
+    # The period's decisions, as the export reads the record's: the tail only lets what
+    # was under way at its end go on.
+    out.incidents = [i for i in incs if i["created_at"] <= trace.until]
+    out.cordons = [c for c in cordons if c["at"] <= trace.until]
     return out
 
 
-def _busy(sessions: sessionmaker[Session]) -> bool:
-    with sessions() as s:
-        return bool(
-            s.scalar(select(func.count()).select_from(Incident).where(Incident.status == "open"))
-        )
+def _stop(trace: Trace, world: World) -> float:
+    """Where the virtual clock stops: when the record was read (its incidents' state is
+    then's), at most TAIL_S past the period's end, whose world is not in the trace."""
+    end = max(world.end, trace.until)
+    if trace.exported_at is None:
+        return end + TAIL_S
+    return end + min(TAIL_S, max(0.0, trace.exported_at - end))
 
 
-def _new_commands(sessions: sessionmaker[Session], seen: set[str]) -> list[tuple[Command, str]]:
-    with sessions() as s:
-        rows = s.execute(
-            select(Command, Node.name)
-            .join(Node, Node.id == Command.node_id)
-            .order_by(Command.issued_at, Command.id)
-        ).all()
-    out = [(c, name) for c, name in rows if c.id not in seen]
-    seen.update(c.id for c, _ in out)
-    return out
+class _Commands:
+    """The commands the engine issued since the last look (issued at the virtual clock:
+    never before the last one seen)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.since = float("-inf")
+
+    def new(self, sessions: sessionmaker[Session]) -> list[tuple[Command, str]]:
+        with sessions() as s:
+            rows = s.execute(
+                select(Command, Node.name)
+                .join(Node, Node.id == Command.node_id)
+                .where(Command.issued_at >= self.since)
+                .order_by(Command.issued_at, Command.id)
+            ).all()
+        out = [(c, name) for c, name in rows if c.id not in self.seen]
+        if out:
+            self.since = max(c.issued_at for c, _ in out)
+            self.seen = {c.id for c, _ in rows if c.issued_at >= self.since}
+        return out
 
 
 def _collect(sessions: sessionmaker[Session]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

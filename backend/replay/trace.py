@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +41,16 @@ from trainguard.backend.models import (
     Step,
 )
 from trainguard.backend.models.control import IncidentEvidence
+from trainguard.backend.replay import gpuspans
 
 FORMAT = "trainguard-trace"
-VERSION = 1
+# 2: GPU readings as spans (`gpu_span`, gpuspans.py), the header's `exported_at`, a
+# batch's `going_away`, an ack's `received_at`.
+VERSION = 2
 KINDS = (
     "node",
     "gpu",
+    "gpu_span",
     "job",
     "rank",
     "batch",
@@ -74,6 +78,7 @@ class Trace:
     job: str | None = None
     redacted: bool = False
     version: int = VERSION
+    exported_at: float | None = None  # when the record was read (its decisions' state)
     records: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in KINDS})
 
     def __getitem__(self, kind: str) -> list[dict[str, Any]]:
@@ -87,6 +92,7 @@ class Trace:
             "until": self.until,
             "job": self.job,
             "redacted": self.redacted,
+            "exported_at": self.exported_at,
             "counts": {k: len(v) for k, v in self.records.items()},
         }
 
@@ -105,7 +111,7 @@ def export(
     only)."""
     if until <= since:
         raise TraceError(f"empty period: from {since} is not before to {until}")
-    tr = Trace(since=since, until=until, job=job)
+    tr = Trace(since=since, until=until, job=job, exported_at=time.time())
     job_rows = list(session.scalars(select(Job).order_by(Job.id)))
     if job is not None:
         job_rows = [j for j in job_rows if j.name == job]
@@ -128,8 +134,11 @@ def export(
                 "clock_offset_s": n.clock_offset_s,
             }
         )
-    for g in session.scalars(select(Gpu).where(Gpu.node_id.in_(nodes)).order_by(Gpu.id)):
+    gpus = list(session.scalars(select(Gpu).where(Gpu.node_id.in_(nodes)).order_by(Gpu.id)))
+    for g in gpus:
         tr["gpu"].append({"node": nodes[g.node_id].name, "uuid": g.uuid, "index": g.index})
+    named = {g.id: (nodes[g.node_id].name, g.uuid) for g in gpus}
+    tr.records["gpu_span"] = gpuspans.export(session, named, since - gpuspans.LOOKBACK_S, until)
     for j in jobs.values():
         tr["job"].append(
             {
@@ -157,8 +166,8 @@ def export(
                 "restart_count": r.restart_count,
             }
         )
-    for nid, at in session.execute(
-        select(IngestBatch.node_id, IngestBatch.received_at)
+    for nid, at, away in session.execute(
+        select(IngestBatch.node_id, IngestBatch.received_at, IngestBatch.going_away)
         .where(
             IngestBatch.node_id.in_(nodes),
             IngestBatch.received_at >= since - WARMUP_S,
@@ -167,6 +176,8 @@ def export(
         .order_by(IngestBatch.received_at)
     ):
         tr["batch"].append({"node": nodes[nid].name, "received_at": at})
+        if away is not None:  # an agent's goodbye before a graceful stop
+            tr["batch"][-1]["going_away"] = away
     names = {j.name for j in jobs.values()}
     ev_q = select(Event).where(
         Event.received_at >= since - WARMUP_S,
@@ -211,6 +222,8 @@ def export(
         )
     _export_decisions(session, tr, jobs, nodes)
     if redact:
+        from trainguard.backend.replay.redact import redact_trace
+
         redact_trace(tr)
     return tr
 
@@ -283,7 +296,13 @@ def _export_decisions(
         select(CommandAck).where(CommandAck.command_id.in_([c.id for c in cmds]))
     ):
         tr["ack"].append(
-            {"command": a.command_id, "phase": a.phase, "ts": a.ts, "detail": a.detail}
+            {
+                "command": a.command_id,
+                "phase": a.phase,
+                "ts": a.ts,
+                "received_at": a.received_at,
+                "detail": a.detail,
+            }
         )
     for nc in session.scalars(
         select(NodeCordon)
@@ -303,37 +322,6 @@ def _export_decisions(
                 "released_at": nc.released_at,
             }
         )
-
-
-# --- redaction --------------------------------------------------------------------------
-
-# Bearer tokens (trainguard's `tg_...` and any `Bearer x`), and key=value secrets.
-_TOKENS = re.compile(r"(Bearer\s+)\S+|\btg_[A-Za-z0-9_-]{8,}|((?:token|password|secret)=)\S+", re.I)
-
-
-def redact_trace(tr: Trace) -> None:
-    """Hostnames become node-1, node-2 ... (in the order of the trace's nodes) wherever a
-    record names one, in messages and details too; tokens and secrets become
-    `[redacted]`. Job names, times and numbers stay: the replay needs them."""
-    hosts = {n["name"]: f"node-{i}" for i, n in enumerate(tr["node"], 1)}
-    by_length = sorted(hosts, key=len, reverse=True)
-    pattern = re.compile("|".join(re.escape(h) for h in by_length)) if hosts else None
-
-    def text(value: Any) -> Any:
-        if isinstance(value, str):
-            value = _TOKENS.sub(lambda m: f"{m.group(1) or m.group(2) or ''}[redacted]", value)
-            if pattern is not None:
-                value = pattern.sub(lambda m: hosts[m.group(0)], value)
-            return value
-        if isinstance(value, dict):
-            return {k: text(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [text(v) for v in value]
-        return value
-
-    for kind in KINDS:
-        tr.records[kind] = [text(r) for r in tr[kind]]
-    tr.redacted = True
 
 
 # --- file --------------------------------------------------------------------------------
@@ -375,6 +363,7 @@ def read(lines: Iterable[str], source: str = "trace") -> Trace:
             job=head.get("job"),
             redacted=bool(head.get("redacted")),
             version=version,
+            exported_at=head.get("exported_at"),
         )
     except (KeyError, TypeError, ValueError):
         raise TraceError(f"{source}: the header lacks since/until") from None

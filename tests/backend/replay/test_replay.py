@@ -20,6 +20,7 @@ from tests.backend.engine.conftest import FRESH_S
 from trainguard.backend.engine.policy import load_policy, load_policy_text
 from trainguard.backend.models import Base
 from trainguard.backend.replay import cli, report, service, trace
+from trainguard.protocol import wire
 
 LIMITS = service.Limits(max_events=100_000, max_incidents=10_000)
 LOWER_CAP = "[breaker]\nmax_fraction = 0.125\n"
@@ -246,7 +247,7 @@ def test_the_cli_exports_and_replays_and_refuses_bad_input_in_one_line(
     out = tmp_path / "t.jsonl"
     r = run(cli.app, ["export", "--out", str(out), *span], env=env)
     assert r.exit_code == 0, r.output
-    assert "trainguard-trace v1" in r.output
+    assert f"trainguard-trace v{trace.VERSION}" in r.output
     cand = tmp_path / "cand.toml"
     cand.write_text(LOWER_CAP)
     r = run(cli.app, ["replay", "--policy", str(cand), "--trace", str(out)], env=env)
@@ -289,3 +290,102 @@ def test_a_period_that_ends_while_its_nodes_report_judges_no_silence_after_its_e
     )
     assert [r["cause"] for r in out["incidents"]] == ["exception"], out["incidents"]
     assert out["self_check"]["exact"] is True
+
+
+READMIT = "[readmission]\nreadmit_after_s = 30\n[breaker]\nwindow_s = 20\n"
+
+
+def _gpu(c: Any, node: str, lost: bool) -> None:
+    uuid = f"GPU-{node}-0"
+    sample = (
+        wire.GpuSample(uuid=uuid, ts=c.clock.t)  # every reading missing: fallen off the bus
+        if lost
+        else wire.GpuSample(uuid=uuid, ts=c.clock.t, util=0.0, temp_c=31.0, power_w=60.0)
+    )
+    c.post(node, gpus=[wire.GpuInfo(uuid=uuid, index=0)], samples=[sample])
+
+
+def test_a_node_readmitted_on_its_gpus_readings_and_cordoned_again_replays_exactly(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """Readmission reads the GPUs' samples: the trace keeps them as spans (lost, then
+    healthy again after the reboot), and the replay readmits the node when the record did,
+    so the second XID 79 cordons it again there too."""
+    c = make_cluster(READMIT)
+    start = c.clock.t
+    c.job("job", {"n1": (0,), "n2": (1,)})
+    for _ in range(2):
+        _gpu(c, "n1", lost=False)
+        c.event("n1", "xid", xid=79, gpu_uuid="GPU-n1-0")
+        c.decide()
+        c.clock.advance(1)
+        c.recover()
+        for lost in [True] * 4 + [False] * 8:  # lost until its reboot, then healthy 40 s
+            c.clock.advance(5)
+            _gpu(c, "n1", lost=lost)
+            c.job("job", {"n1": (0,), "n2": (1,)}, step=30)
+            c.decide()
+    assert [i["cause"] for i in c.incidents()] == ["xid 79", "xid 79"]
+    with c.engine.sessions() as s:
+        tr = service.export(s, start - 1, c.clock.t + 1, None)
+    assert {(sp["gpu"], sp["lost"]) for sp in tr["gpu_span"]} == {
+        ("GPU-n1-0", False),
+        ("GPU-n1-0", True),
+    }
+    policy = load_policy_text(READMIT, "in force")
+    out = service.replay(tr, policy, None, limits=LIMITS, fresh_within_s=FRESH_S, folder=tmp_path)
+    assert out["self_check"] == {"incidents": 2, "mismatches": 0, "exact": True}
+    assert [r["current"]["cordons"] for r in out["incidents"]] == [["n1"], ["n1"]]
+    assert out["totals"]["current"]["cordons"] == 2
+    # Without the spans (a version 1 trace has none) the node is never readmitted: the
+    # second XID finds it cordoned, and the self-check says so.
+    tr.records["gpu_span"] = []
+    out = service.replay(
+        tr, policy, None, limits=LIMITS, fresh_within_s=FRESH_S, folder=tmp_path / "v1"
+    )
+    assert out["self_check"]["mismatches"] == 1
+
+
+def test_a_version_1_trace_is_still_read(make_cluster: Any, tmp_path: Path) -> None:
+    c = make_cluster()
+    start = c.clock.t
+    _three_xid79s(c)
+    path = tmp_path / "v1.jsonl"
+    trace.save(_export(c, start), path)
+    head, *rest = path.read_text().splitlines()
+    old = {k: v for k, v in json.loads(head).items() if k != "exported_at"} | {"version": 1}
+    rest = [line for line in rest if json.loads(line)["t"] != "gpu_span"]
+    path.write_text("\n".join([json.dumps(old), *rest]) + "\n")
+    back = trace.load(path)
+    assert (back.version, back.exported_at, back["gpu_span"]) == (1, None, [])
+    assert _replay(back, tmp=tmp_path / "r")["self_check"]["exact"] is True
+
+
+def test_an_agent_that_said_goodbye_is_replayed_as_gone_not_as_a_node_down(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """A silence after the agent's goodbye (a graceful stop) is no evidence: the trace
+    keeps the batch's `going_away`, so the replay does not take the silence (its job
+    stalled meanwhile) for a dead node."""
+    down_after = 20.0
+    c = make_cluster(fresh=down_after, node_down_after_s=down_after)
+    start = c.clock.t
+    c.job("job", {"n1": (0,), "n2": (1,)})
+    c.decide()
+    c.post("n1", going_away="SIGTERM: the agent is stopping")
+    c.event("n2", "log", job="job", message="n1's agent stops")
+    for _ in range(int(2 * down_after)):  # n2 reports its rank, no step: the job stalled
+        c.clock.advance(1)
+        c.post("n2", ranks=[wire.RankStatus(job="job", rank=1, pid=1001, world_size=2)])
+        c.decide()
+    assert c.incidents() == []
+    tr = _export(c, start)
+    assert [b.get("going_away") for b in tr["batch"] if b["node"] == "n1"][-1]
+    policy = load_policy(None)
+    kw: dict[str, Any] = {"limits": LIMITS, "fresh_within_s": down_after}
+    out = service.replay(tr, policy, None, folder=tmp_path, **kw)
+    assert out["self_check"] == {"incidents": 0, "mismatches": 0, "exact": True}
+    for b in tr["batch"]:  # a record without the goodbye: the silence is a node down
+        b.pop("going_away", None)
+    out = service.replay(tr, policy, None, folder=tmp_path / "without", **kw)
+    assert [(r["cause"], r["recorded"]) for r in out["incidents"]] == [("node_down", None)]
