@@ -36,7 +36,7 @@ from trainguard.backend.models.control import EngineState
 from trainguard.backend.replay import scratch
 from trainguard.backend.replay.ackmodel import AckModel
 from trainguard.backend.replay.calm import calm_until
-from trainguard.backend.replay.trace import Trace
+from trainguard.backend.replay.trace import Trace, incident_row
 from trainguard.backend.replay.world import World
 from trainguard.protocol import wire
 
@@ -248,25 +248,9 @@ def _collect(sessions: sessionmaker[Session]) -> tuple[list[dict[str, Any]], lis
         nodes = dict(s.execute(select(Node.id, Node.name)).all())
         jobs = dict(s.execute(select(Job.id, Job.name)).all())
         incs = [
-            {
-                "id": i.id,
-                "job": jobs.get(i.job_id),
-                "trigger": i.trigger,
-                "cause": i.cause,
-                "level": i.level,
-                "status": i.status,
-                "outcome": i.outcome,
-                "node": nodes.get(i.node_id) if i.node_id is not None else None,
-                "created_at": i.created_at,
-                "fault_at": i.fault_at,
-                "decided_at": i.decided_at,
-                "acted_at": i.acted_at,
-                "resumed_at": i.resumed_at,
-                "closed_at": i.closed_at,
-                "escalations": i.escalations,
-                "decisions": i.decisions or [],
-                "hooks": i.hooks or [],
-            }
+            incident_row(
+                i, jobs.get(i.job_id), nodes.get(i.node_id) if i.node_id is not None else None
+            )
             for i in s.scalars(select(Incident).order_by(Incident.id))
         ]
         cordons = [

@@ -247,27 +247,7 @@ def _export_decisions(
     )
     ids = [i.id for i in incs]
     for i in incs:
-        tr["incident"].append(
-            {
-                "id": i.id,
-                "job": jobs[i.job_id].name,
-                "trigger": i.trigger,
-                "cause": i.cause,
-                "level": i.level,
-                "status": i.status,
-                "outcome": i.outcome,
-                "node": name(i.node_id),
-                "created_at": i.created_at,
-                "fault_at": i.fault_at,
-                "decided_at": i.decided_at,
-                "acted_at": i.acted_at,
-                "resumed_at": i.resumed_at,
-                "closed_at": i.closed_at,
-                "escalations": i.escalations,
-                "decisions": i.decisions or [],
-                "hooks": i.hooks or [],
-            }
-        )
+        tr["incident"].append(incident_row(i, jobs[i.job_id].name, name(i.node_id)))
     for ev in session.scalars(
         select(IncidentEvidence).where(IncidentEvidence.incident_id.in_(ids))
     ):
@@ -385,3 +365,26 @@ def load(path: Path) -> Trace:
             return read(f, str(path))
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def incident_row(i: Incident, job: str | None, node: str | None) -> dict[str, Any]:
+    """An incident as a trace records it, and as a replay's run reports its own."""
+    return {
+        "id": i.id,
+        "job": job,
+        "trigger": i.trigger,
+        "cause": i.cause,
+        "level": i.level,
+        "status": i.status,
+        "outcome": i.outcome,
+        "node": node,
+        "created_at": i.created_at,
+        "fault_at": i.fault_at,
+        "decided_at": i.decided_at,
+        "acted_at": i.acted_at,
+        "resumed_at": i.resumed_at,
+        "closed_at": i.closed_at,
+        "escalations": i.escalations,
+        "decisions": i.decisions or [],
+        "hooks": i.hooks or [],
+    }

@@ -5,10 +5,12 @@ ones) and a deadline-based wait."""
 from __future__ import annotations
 
 import queue
+import subprocess
+import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +19,8 @@ import pytest
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
     import pynvml
+
+from trainguard.protocol.wire import Event
 
 
 def _wait_for(cond: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
@@ -203,3 +207,22 @@ def fake_pynvml() -> FakePynvml:
 @pytest.fixture
 def wait_for() -> Callable[..., Any]:
     return _wait_for
+
+
+class Outbox:
+    """The rank table's outbox: the events it put, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def put_event(self, event: Event, urgent: bool = False) -> None:
+        self.events.append(event)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A real process that lives for the test: a rank's or a launcher's pid."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield p
+    p.kill()
+    p.wait()

@@ -9,31 +9,14 @@ stopped heartbeating is still reported after it. A real process stands in for th
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
+from tests.agent.conftest import Outbox
 from trainguard.agent.ranks.liveness import STALL_GRACE_S, Liveness
 from trainguard.agent.ranks.table import RankRecord, RankTable
 from trainguard.protocol.wire import Event
-
-
-class Outbox:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def put_event(self, event: Event, urgent: bool = False) -> None:
-        self.events.append(event)
-
-
-@pytest.fixture
-def proc() -> Iterator[subprocess.Popen[bytes]]:
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield p
-    p.kill()
-    p.wait()
 
 
 class Clock:
@@ -74,9 +57,9 @@ def _lost(outbox: Outbox) -> list[Event]:
 
 
 def test_after_its_own_stall_the_agent_waits_for_its_ranks_news(
-    proc: subprocess.Popen[bytes],
+    sleeper: subprocess.Popen[bytes],
 ) -> None:
-    live, rec, outbox, clock = _setup(proc.pid)
+    live, rec, outbox, clock = _setup(sleeper.pid)
     rec.last_heartbeat = clock.now
     clock.stall(70)  # resumed after 70 s: its rank's heartbeat looks 70 s old
     assert _lost(outbox) == [] and live.stalls == 1
@@ -87,9 +70,9 @@ def test_after_its_own_stall_the_agent_waits_for_its_ranks_news(
 
 
 def test_a_rank_that_stopped_heartbeating_is_still_reported_after_the_grace(
-    proc: subprocess.Popen[bytes],
+    sleeper: subprocess.Popen[bytes],
 ) -> None:
-    live, rec, outbox, clock = _setup(proc.pid)
+    live, rec, outbox, clock = _setup(sleeper.pid)
     rec.last_heartbeat = clock.now
     clock.stall(70)
     assert _lost(outbox) == []
@@ -99,8 +82,8 @@ def test_a_rank_that_stopped_heartbeating_is_still_reported_after_the_grace(
     assert live.stalls == 1
 
 
-def test_checks_on_time_judge_at_once(proc: subprocess.Popen[bytes]) -> None:
-    live, rec, outbox, clock = _setup(proc.pid)
+def test_checks_on_time_judge_at_once(sleeper: subprocess.Popen[bytes]) -> None:
+    live, rec, outbox, clock = _setup(sleeper.pid)
     rec.last_heartbeat = clock.now
     clock.run(10.5)  # no heartbeat for 10 s, every check on time
     assert live.stalls == 0

@@ -6,34 +6,21 @@ ft_launcher."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.agent.conftest import Outbox
 from trainguard.agent.ranks.liveness import Liveness
 from trainguard.agent.ranks.table import RankRecord, RankTable
-from trainguard.protocol.wire import Event
 
 GONE_PID = 2**22 + 7  # above the default pid_max: no such process
 
 
-class Outbox:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def put_event(self, event: Event, urgent: bool = False) -> None:
-        self.events.append(event)
-
-
 @pytest.fixture
-def launcher() -> Iterator[subprocess.Popen[bytes]]:
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield p
-    p.kill()
-    p.wait()
+def launcher(sleeper: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    return sleeper
 
 
 def rank(pid: int, launcher_pid: int, rank: int = 0, **kw: Any) -> RankRecord:
