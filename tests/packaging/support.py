@@ -30,7 +30,7 @@ PACKAGE_DIRS = (
 )
 # pyproject.toml's `trainguard.commands` entry points: each part's commands.
 OPERATOR_COMMANDS = ("restart", "incidents", "incident", "approve", "reject", "cordon", "uncordon")
-PARTS_COMMANDS = ("server", "demo", "db", "token", "bench", *OPERATOR_COMMANDS)
+PARTS_COMMANDS = ("server", "demo", "db", "token", "bench", "policy", *OPERATOR_COMMANDS)
 NOT_SHIPPED = ("backend/bench/",)  # benchmarks run from a checkout
 SERVER_MODULES = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg")
 # Folders of the checkout that are neither source nor data of the package.
