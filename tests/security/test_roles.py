@@ -47,6 +47,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/jobs/{job}/restarts"): "operator",
     ("POST", "/api/v1/jobs/{job}/launch-failures"): "operator",
     ("POST", "/api/v1/incidents/{incident_id}/approve"): "operator",
+    ("POST", "/api/v1/policy/replay"): "operator",
     ("POST", "/api/v1/incidents/{incident_id}/reject"): "operator",
     ("GET", "/healthz"): "open",
     ("GET", "/readyz"): "open",
