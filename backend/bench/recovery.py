@@ -623,17 +623,21 @@ PHASES = (
 )
 
 
-def phases_table(rows: list[tuple[str, list[dict[str, Any]]]]) -> str:
-    """Median seconds from the fault to each phase of a launcher restart, per mode."""
+def phases_table(
+    rows: list[tuple[str, list[dict[str, Any]]]],
+    phases: tuple[tuple[str, str], ...] = PHASES,
+) -> str:
+    """Median seconds from the fault to each phase (`phases`: key, label; by default a
+    launcher restart's), per mode."""
     import statistics
 
     out = [
-        "| mode | " + " | ".join(label for _, label in PHASES) + " |",
-        "|---|" + "---|" * len(PHASES),
+        "| mode | " + " | ".join(label for _, label in phases) + " |",
+        "|---|" + "---|" * len(phases),
     ]
     for mode, per_fault in rows:
         cells = []
-        for key, _ in PHASES:
+        for key, _ in phases:
             vals = [f[key] for f in per_fault if f.get(key) is not None]
             cells.append(f"{statistics.median(vals):.2f}" if vals else "-")
         out.append(f"| {mode} | " + " | ".join(cells) + " |")

@@ -22,19 +22,9 @@ PHASES = (
 def phases_table(rows: list[tuple[str, list[dict[str, Any]]]]) -> str:
     """Median seconds from the fault to each phase of an exclusion, per mode (the last
     column: from the readmission)."""
-    import statistics
+    from trainguard.backend.bench import recovery
 
-    out = [
-        "| mode | " + " | ".join(label for _, label in PHASES) + " |",
-        "|---|" + "---|" * len(PHASES),
-    ]
-    for mode, per_fault in rows:
-        cells = []
-        for key, _ in PHASES:
-            vals = [f[key] for f in per_fault if f.get(key) is not None]
-            cells.append(f"{statistics.median(vals):.2f}" if vals else "-")
-        out.append(f"| {mode} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
+    return recovery.phases_table(rows, PHASES)
 
 
 def faults_table(result: dict[str, Any]) -> str:
