@@ -179,14 +179,7 @@ def replay(
         begin, until = period(since, start, end)
         tr = _export(settings, begin, until, job, False)
     try:
-        out = service.replay(
-            tr,
-            settings.policy,
-            candidate,
-            limits=service.Limits(settings.replay_max_events, settings.replay_max_incidents),
-            fresh_within_s=settings.node_down_after_s,
-            sweep_s=settings.engine_sweep_s,
-        )
+        out = service.replay_under(settings, tr, candidate)
     except service.ReplayRefused as exc:
         fail(exc.message)
     except service.ReplayTooLarge as exc:

@@ -35,12 +35,5 @@ def policy_replay(
     until = body.until if body.until is not None else time.time()
     since = body.since if body.since is not None else until - (body.last_s or 0.0)
     tr = service.export(session, since, until, body.job)
-    out = service.replay(
-        tr,
-        settings.policy,
-        candidate,
-        limits=service.Limits(settings.replay_max_events, settings.replay_max_incidents),
-        fresh_within_s=settings.node_down_after_s,
-        sweep_s=settings.engine_sweep_s,
-    )
+    out = service.replay_under(settings, tr, candidate)
     return ReplayReport.model_validate(out)

@@ -110,5 +110,18 @@ def replay(
     return out
 
 
+def replay_under(settings: Any, tr: Trace, candidate: Policy | None) -> dict[str, Any]:
+    """`replay` with the server's settings: its policy in force, limits and cadence (the
+    CLI and the route alike)."""
+    return replay(
+        tr,
+        settings.policy,
+        candidate,
+        limits=Limits(settings.replay_max_events, settings.replay_max_incidents),
+        fresh_within_s=settings.node_down_after_s,
+        sweep_s=settings.engine_sweep_s,
+    )
+
+
 def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
